@@ -1,0 +1,189 @@
+"""The `rlvr` command: train | eval | data | preflight | report | doctor."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  rlvr train                                    # Dr.GRPO on the built-in arithmetic task, default model
+  rlvr train -c run.yaml algo.group_size=4 train.lr=2e-6
+  rlvr train algo.objective=maxent_listwise algo.maxent.tau=0.5
+  rlvr preflight -c run.yaml                    # the LR schedule the run will use, and its checks
+  rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
+  rlvr report runs/a runs/b                     # plots + one HTML page, runs overlaid
+  rlvr data prepare --input raw.jsonl --out data/ --splits train=1000,test=200
+  rlvr doctor                                   # what is installed and usable here
+
+exit codes: 0 ok, 1 error, 2 bad config or input, 3 stopped by the health gate
+"""
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-c",
+        "--config",
+        help="YAML config file (sections: model, data, rollout, algo, "
+        "reward, train, eval, logging, health)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="section.key=value",
+        help="dotted overrides applied after the file, e.g. algo.group_size=4 train.lr=2e-6",
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlvr.config import load_config
+    from rlvr.telemetry.health import HealthStop
+    from rlvr.training.trainer import Trainer
+
+    cfg = load_config(args.config, args.overrides)
+    cfg.validate()
+    try:
+        Trainer(cfg).fit()
+    except HealthStop as stop:
+        ev = stop.event
+        print(
+            f"\n[rlvr] stopped by the health gate: rule {ev.rule!r} at step {ev.step}\n"
+            f"  values: {ev.values}\n  advice: {ev.advice}",
+            file=sys.stderr,
+        )
+        return 3
+    return 0
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from rlvr.config import load_config
+    from rlvr.training.run_setup import load_rows_for
+    from rlvr.training.schedule import format_preflight, preflight_check
+
+    cfg = load_config(args.config, args.overrides)
+    problems = cfg.problems()
+    t = cfg.train
+    rows, _ = load_rows_for(cfg)
+    epochs = t.max_steps * cfg.algo.prompts_per_step / max(1, len(rows))
+    print(
+        f"train rows: {len(rows)}; prompts/step: {cfg.algo.prompts_per_step}; group size: "
+        f"{cfg.algo.group_size}; sequences/step: {cfg.rollout_batch_sequences()}"
+    )
+    print(
+        f"steps: {t.max_steps} (= {epochs:.2f} epochs over the train rows); optimizer steps/step: "
+        f"{cfg.algo.minibatches * cfg.algo.epochs_per_batch}"
+    )
+    res = preflight_check(
+        t.lr,
+        check_step=min(t.preflight_step, t.max_steps),
+        min_fraction=t.preflight_min_fraction,
+        kind=t.schedule,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.max_steps,
+        min_lr_ratio=t.min_lr_ratio,
+    )
+    print(format_preflight(res))
+    for p in problems:
+        print(f"config problem: {p}")
+    return 0 if res.ok and not problems else 2
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlvr.eval.cli import run_eval
+
+    return run_eval(args)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from rlvr.telemetry.report import write_report
+
+    out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
+    html = write_report([Path(d) for d in args.run_dirs], out)
+    print(f"report: {html}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rlvr.doctor import run_doctor
+
+    return run_doctor()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlvr",
+        description="RL fine-tuning of language models with verifiable rewards.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "train",
+        help="train a policy (no config: the embedded default demo)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "preflight", help="print the LR schedule and step count; fail on a bad schedule"
+    )
+    _add_config_args(p)
+    p.set_defaults(func=cmd_preflight)
+
+    p = sub.add_parser(
+        "eval", help="evaluate a model or checkpoint (greedy_pass@1, sampling_pass@k, maj@k)"
+    )
+    from rlvr.eval.cli import add_eval_args
+
+    add_eval_args(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("report", help="plots and an HTML page for one or more run directories")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", help="output folder (default RUN_DIR/report)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "doctor", help="what is installed and usable here, and what to do about the rest"
+    )
+    p.set_defaults(func=cmd_doctor)
+
+    from rlvr.data.cli import register as register_data
+
+    register_data(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rlvr.config import ConfigError
+    from rlvr.training.policy import ModelLoadError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"rlvr: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError, ModelLoadError) as exc:
+        print(f"rlvr: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlvr: interrupted", file=sys.stderr)
+        return 130
+
+
+def _json_default(o):  # pragma: no cover - printing helper
+    return str(o)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "json"]

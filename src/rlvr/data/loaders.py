@@ -1,0 +1,393 @@
+"""Load prompt/answer rows from JSONL, JSON, CSV, Parquet or a `datasets` folder.
+
+Every loader yields the original record plus its location; one function,
+`_normalise`, turns each record into the row shape the rest of rlvr reads:
+
+    {**original_fields, "prompt": str, "answer": str, "_source": "file:N",
+     "system_prompt": str}          # system_prompt only when one is given
+
+`N` in `_source` is the 1-based line number for line-based files (.jsonl, .csv)
+and the 0-based row index for the others (.json list, .parquet, `datasets`
+folders); error messages spell out which ("line 7" or "row 6"). The normalised keys
+replace original fields of the same name (a row read with answer_field="label" that also
+has an "answer" field keeps "label" and gets "answer" overwritten).
+
+Bad records either raise `DataError` naming the file, the line/row and the field
+(`on_bad_row="error"`, the default) or are skipped and counted in a `LoadReport`
+(`on_bad_row="skip"`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+KNOWN_FORMATS = (".jsonl", ".json", ".csv", ".parquet", "a folder saved by datasets.save_to_disk")
+
+
+class DataError(ValueError):
+    """A data file, or a row in it, cannot be used. The message names file, line/row and field."""
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """One skipped record: where it was (`source` = "file:N"), a short `kind`, and the full message."""
+
+    source: str
+    kind: str
+    message: str
+
+
+@dataclass
+class LoadReport:
+    """What `load_rows_with_report` read, kept and skipped from one input."""
+
+    path: str
+    records_read: int = 0
+    rows_kept: int = 0
+    skipped: list[BadRow] = field(default_factory=list)
+
+    @property
+    def skipped_by_kind(self) -> dict[str, int]:
+        """Number of skipped records per kind, e.g. {"invalid_json": 2, "missing_field": 1}."""
+        return dict(Counter(bad.kind for bad in self.skipped))
+
+    def summary(self) -> str:
+        """One line for the log, with the first skipped record's message when there is one."""
+        text = (
+            f"{self.path}: read {self.records_read} records, kept {self.rows_kept}, "
+            f"skipped {len(self.skipped)}"
+        )
+        if self.skipped:
+            kinds = ", ".join(f"{k}: {n}" for k, n in sorted(self.skipped_by_kind.items()))
+            text += f" ({kinds}); first skipped: {self.skipped[0].message}"
+        return text
+
+
+class _BadRecord(Exception):
+    """Internal: raised by readers and `_normalise`; becomes a DataError or a skipped BadRow."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A raw record before normalisation. `where` reads "line 7" or "row 6"; `number` is 7 or 6."""
+
+    number: int
+    where: str
+    value: Any = None
+    error: _BadRecord | None = None  # set when the reader could not even parse the record
+
+
+def load_rows(
+    path: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    system_prompt: str | None = None,
+    require_answer: bool = True,
+    on_bad_row: Literal["error", "skip"] = "error",
+    limit: int | None = None,
+    split: str | None = None,
+) -> list[dict]:
+    """Load and normalise rows; log a one-line summary. See `load_rows_with_report` for arguments."""
+    rows, report = load_rows_with_report(
+        path,
+        prompt_field=prompt_field,
+        answer_field=answer_field,
+        system_prompt=system_prompt,
+        require_answer=require_answer,
+        on_bad_row=on_bad_row,
+        limit=limit,
+        split=split,
+    )
+    logger.log(logging.WARNING if report.skipped else logging.INFO, report.summary())
+    return rows
+
+
+def load_rows_with_report(
+    path: str | Path,
+    *,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    system_prompt: str | None = None,
+    require_answer: bool = True,
+    on_bad_row: Literal["error", "skip"] = "error",
+    limit: int | None = None,
+    split: str | None = None,
+) -> tuple[list[dict], LoadReport]:
+    """Load rows from `path` and report what was kept and skipped.
+
+    Args:
+        path: a .jsonl, .json (a list of objects), .csv or .parquet file, or a folder written by
+            `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` (then `split` is required).
+        prompt_field: field holding the problem text; copied to `row["prompt"]`.
+        answer_field: field holding the reference answer; copied to `row["answer"]` as a string.
+        system_prompt: when given, stored as `row["system_prompt"]` on every row.
+        require_answer: when False a missing answer becomes "" instead of a bad row.
+        on_bad_row: "error" raises DataError at the first bad record; "skip" counts and skips it.
+        limit: stop after this many good rows.
+        split: the split to read from a DatasetDict folder.
+
+    Raises:
+        DataError: missing or unreadable input, a bad record (in "error" mode), or no usable rows.
+    """
+    if on_bad_row not in ("error", "skip"):
+        raise ValueError(f"on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
+    for name, value in (("prompt_field", prompt_field), ("answer_field", answer_field)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+
+    path = Path(path)
+    report = LoadReport(path=str(path))
+    rows: list[dict] = []
+    source_name = path.name if split is None else f"{path.name}/{split}"
+    for record in _read_records(path, split):
+        report.records_read += 1
+        source = f"{source_name}:{record.number}"
+        try:
+            if record.error is not None:
+                raise record.error
+            row = _normalise(
+                record.value, prompt_field, answer_field, require_answer, system_prompt
+            )
+        except _BadRecord as bad:
+            message = f"{path} {record.where}: {bad.message}"
+            if on_bad_row == "error":
+                raise DataError(message) from None
+            report.skipped.append(BadRow(source=source, kind=bad.kind, message=message))
+            continue
+        row["_source"] = source
+        rows.append(row)
+        if limit is not None and len(rows) >= limit:
+            break
+    report.rows_kept = len(rows)
+    if not rows:
+        raise DataError(f"{path}: no usable rows ({report.summary()})")
+    return rows, report
+
+
+def _normalise(
+    value: Any,
+    prompt_field: str,
+    answer_field: str,
+    require_answer: bool,
+    system_prompt: str | None,
+) -> dict:
+    """Check one record and add the normalised keys. Raises _BadRecord naming the field."""
+    if not isinstance(value, dict):
+        raise _BadRecord("not_an_object", f"expected an object, got {type(value).__name__}")
+    present = ", ".join(repr(k) for k in value) or "none"
+    prompt = value.get(prompt_field)
+    if prompt is None:
+        raise _missing("prompt", prompt_field, value, present)
+    if not isinstance(prompt, str):
+        raise _BadRecord(
+            "wrong_type",
+            f"prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}",
+        )
+    if not prompt.strip():
+        raise _BadRecord("empty_field", f"prompt field {prompt_field!r} is empty")
+
+    raw_answer = value.get(answer_field)
+    if raw_answer is None:
+        if require_answer:
+            raise _missing("answer", answer_field, value, present)
+        answer = ""
+    else:
+        answer = _answer_to_str(raw_answer, answer_field)
+        if require_answer and not answer:
+            raise _BadRecord("empty_field", f"answer field {answer_field!r} is empty")
+
+    row = dict(value)
+    row["prompt"] = prompt
+    row["answer"] = answer
+    if system_prompt is not None:
+        row["system_prompt"] = system_prompt
+    return row
+
+
+def _missing(role: str, name: str, value: dict, present: str) -> _BadRecord:
+    """A missing field and a null one read differently; both are "missing_field" when counted."""
+    if name in value:
+        return _BadRecord("missing_field", f"{role} field {name!r} is null")
+    return _BadRecord("missing_field", f"no {role} field {name!r} (fields present: {present})")
+
+
+def _answer_to_str(raw: Any, answer_field: str) -> str:
+    """Reference answers become stripped strings; numbers are converted.
+
+    Integral floats lose the ".0": JSON writers and dataframe libraries often turn an integer
+    column into floats (42 -> 42.0), and "42.0" would then fail an exact-match comparison
+    against "42". Other floats use repr, the shortest text that reads back to the same float.
+    """
+    if isinstance(raw, str):
+        return raw.strip()
+    if isinstance(raw, bool):  # bool is an int subclass; True is not a reference answer
+        raise _BadRecord(
+            "wrong_type", f"answer field {answer_field!r} must be a string or number, got bool"
+        )
+    if isinstance(raw, int):
+        return str(raw)
+    if isinstance(raw, float):
+        if not math.isfinite(raw):
+            raise _BadRecord("wrong_type", f"answer field {answer_field!r} is {raw}")
+        return str(int(raw)) if raw.is_integer() else repr(raw)
+    raise _BadRecord(
+        "wrong_type",
+        f"answer field {answer_field!r} must be a string or number, got {type(raw).__name__}",
+    )
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _read_records(path: Path, split: str | None) -> Iterator[_Record]:
+    """Pick the reader by suffix (or folder) and check that the input exists."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return _read_hf_folder(path, split)
+    if split is not None:
+        raise DataError(f"{path}: split={split!r} applies only to a DatasetDict folder")
+    readers = {
+        ".jsonl": _read_jsonl,
+        ".json": _read_json,
+        ".csv": _read_csv,
+        ".parquet": _read_parquet,
+    }
+    suffix = path.suffix.lower()
+    if suffix not in readers:
+        raise DataError(
+            f"{path}: unknown format {suffix or '(no suffix)'!r}; known: {', '.join(KNOWN_FORMATS)}"
+        )
+    return readers[suffix](path)
+
+
+def _read_jsonl(path: Path) -> Iterator[_Record]:
+    # Read bytes and decode line by line, so one badly encoded line is one bad record.
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"line {number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                bad = _BadRecord("invalid_utf8", f"not UTF-8 text ({err.reason})")
+                yield _Record(number, where, error=bad)
+                continue
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                bad = _BadRecord("invalid_json", f"invalid JSON ({err.msg} at column {err.colno})")
+                yield _Record(number, where, error=bad)
+                continue
+            yield _Record(number, where, value)
+
+
+def _read_json(path: Path) -> Iterator[_Record]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        # A broken .json file cannot be read row by row, so this is never skippable.
+        raise DataError(f"{path} line {err.lineno}: invalid JSON ({err.msg})") from None
+    if not isinstance(data, list):
+        raise DataError(
+            f"{path}: a .json input must hold a list of objects, got {type(data).__name__} "
+            "(use .jsonl for one object per line)"
+        )
+    for index, value in enumerate(data):
+        yield _Record(index, f"row {index}", value)
+
+
+def _read_csv(path: Path) -> Iterator[_Record]:
+    try:
+        yield from _read_csv_records(path)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason})") from None
+    except csv.Error as err:
+        raise DataError(f"{path}: unreadable CSV ({err})") from None
+
+
+def _read_csv_records(path: Path) -> Iterator[_Record]:
+    # utf-8-sig drops the byte-order mark that spreadsheet exports put before the header.
+    with path.open(encoding="utf-8-sig", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            return
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise DataError(f"{path} line 1: the header repeats column(s) {repeated}")
+        end_of_previous = reader.line_num
+        for cells in reader:
+            # A quoted field may span lines; report the line the record starts on.
+            number = end_of_previous + 1
+            end_of_previous = reader.line_num
+            if not cells:
+                continue
+            if len(cells) != len(header):
+                bad = _BadRecord(
+                    "bad_csv_row", f"has {len(cells)} fields but the header has {len(header)}"
+                )
+                yield _Record(number, f"line {number}", error=bad)
+                continue
+            yield _Record(number, f"line {number}", dict(zip(header, cells, strict=True)))
+
+
+def _read_parquet(path: Path) -> Iterator[_Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    index = 0
+    for batch in parquet.iter_batches(batch_size=1024):
+        for value in batch.to_pylist():
+            yield _Record(index, f"row {index}", value)
+            index += 1
+
+
+def _read_hf_folder(path: Path, split: str | None) -> Iterator[_Record]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError:
+        raise DataError(
+            f"{path}: a folder must be saved by datasets' save_to_disk "
+            f"(no dataset_info.json / dataset_dict.json found); known formats: "
+            f"{', '.join(KNOWN_FORMATS)}"
+        ) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        known = ", ".join(sorted(loaded))
+        if split is None:
+            raise DataError(f"{path} is a DatasetDict: pass split= (one of: {known})")
+        if split not in loaded:
+            raise DataError(f"{path}: unknown split {split!r}; known: {known}")
+        dataset = loaded[split]
+    else:
+        if split is not None:
+            raise DataError(f"{path} is a single Dataset; split={split!r} applies to DatasetDict")
+        dataset = loaded
+    for index, value in enumerate(dataset):
+        yield _Record(index, f"row {index}", value)

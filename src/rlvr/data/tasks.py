@@ -1,0 +1,137 @@
+"""Built-in tasks generated from a seed, so examples and tests need no download.
+
+Each generator returns ``(train_rows, eval_rows)`` with zero overlap between the splits: every
+distinct problem lands in exactly one split. Rows are dicts with ``prompt`` and ``answer`` (str).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from fractions import Fraction
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def arithmetic_rows(
+    *,
+    num_train: int,
+    num_eval: int,
+    seed: int = 0,
+    ops: list[str] | None = None,
+    digits: int = 1,
+    question: str = "What is {a} {op} {b}?",
+) -> tuple[list[dict], list[dict]]:
+    """Integer arithmetic problems ``a op b`` with operands of ``digits`` digits.
+
+    The held-out split takes ``num_eval`` distinct problems first; the train split is drawn (with
+    repetition if needed) from the remaining problems only.
+    """
+    ops = ops or ["+", "*"]
+    for op in ops:
+        if op not in _OPS:
+            raise ValueError(
+                f"data.task_kwargs.ops: unknown operator {op!r}; known: {sorted(_OPS)}"
+            )
+    if digits < 1:
+        raise ValueError(f"data.task_kwargs.digits={digits}: must be >= 1")
+    lo = 0 if digits == 1 else 10 ** (digits - 1)
+    hi = 10**digits - 1
+    space = [(a, op, b) for op in ops for a, b in itertools.product(range(lo, hi + 1), repeat=2)]
+    rng = random.Random(seed)
+    rng.shuffle(space)
+    if num_eval >= len(space):
+        raise ValueError(
+            f"data.num_eval={num_eval} leaves no training problems: the task has only {len(space)} "
+            "distinct problems"
+        )
+    held, rest = space[:num_eval], space[num_eval:]
+
+    def row(a: int, op: str, b: int) -> dict:
+        return {"prompt": question.format(a=a, op=op, b=b), "answer": str(_OPS[op](a, b))}
+
+    train = [row(*p) for p in rest[:num_train]]
+    while len(train) < num_train:
+        train.append(row(*rng.choice(rest)))
+    return train, [row(*p) for p in held]
+
+
+COUNTDOWN_QUESTION = (
+    "Using the numbers {numbers}, create an equation that equals {target}. You can use basic "
+    "arithmetic operations (+, -, *, /) and each number at most once. Show your work in "
+    "<think> </think> tags and return the final equation in <answer> </answer> tags, "
+    "for example <answer> (1 + 2) / 3 </answer>."
+)
+
+
+def _random_solvable(rng: random.Random, count: int, max_number: int, max_target: int):
+    while True:
+        numbers = [rng.randint(1, max_number) for _ in range(count)]
+        order = numbers[:]
+        rng.shuffle(order)
+        value = Fraction(order[0])
+        for n in order[1:]:
+            op = rng.choice("+-*/")
+            if op == "+":
+                value += n
+            elif op == "-":
+                value -= n
+            elif op == "*":
+                value *= n
+            else:
+                value /= n
+        if value.denominator == 1 and 1 <= value <= max_target:
+            return numbers, int(value)
+
+
+def countdown_rows(
+    *,
+    num_train: int,
+    num_eval: int,
+    seed: int = 0,
+    count: int = 3,
+    max_number: int = 20,
+    max_target: int = 100,
+) -> tuple[list[dict], list[dict]]:
+    """Countdown problems that have at least one solution (built by composing the numbers)."""
+    rng = random.Random(seed)
+    seen: set[tuple] = set()
+    rows: list[dict] = []
+    attempts = 0
+    while len(rows) < num_train + num_eval:
+        attempts += 1
+        if attempts > 100 * (num_train + num_eval):
+            raise ValueError(
+                "data.task_kwargs: too few distinct countdown problems for the split sizes"
+            )
+        numbers, target = _random_solvable(rng, count, max_number, max_target)
+        key = (tuple(sorted(numbers)), target)
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(
+            {
+                "prompt": COUNTDOWN_QUESTION.format(numbers=numbers, target=target),
+                "answer": str(target),
+                "numbers": numbers,
+                "target": target,
+            }
+        )
+    return rows[num_eval:], rows[:num_eval]
+
+
+TASKS = {"arithmetic": arithmetic_rows, "countdown": countdown_rows}
+
+
+def task_rows(
+    name: str, *, num_train: int, num_eval: int, seed: int, **kwargs
+) -> tuple[list[dict], list[dict]]:
+    if name not in TASKS:
+        raise ValueError(f"unknown built-in task {name!r}; known: {', '.join(TASKS)}")
+    try:
+        return TASKS[name](num_train=num_train, num_eval=num_eval, seed=seed, **kwargs)
+    except TypeError as exc:
+        raise ValueError(f"data.task_kwargs for task {name!r}: {exc}") from None
+
+
+DEFAULT_REWARD = {"arithmetic": "math", "countdown": "countdown"}

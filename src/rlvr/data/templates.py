@@ -1,0 +1,47 @@
+"""Prompt templates: how a dataset row becomes the text the model sees.
+
+Training, in-training evaluation and `rlvr eval` all call `render_prompt`, so the three can
+never drift apart (seed 001's eval path used a different template and under-reported by 12.8 points).
+"""
+
+from __future__ import annotations
+
+# understand-r1-zero's "r1" template (OAT Dr.GRPO baseline, seed 000).
+R1_TEMPLATE = (
+    "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
+    "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
+    "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> "
+    "<answer> answer here </answer>.\nUser: {question}\nAssistant: <think>"
+)
+
+# Qwen2.5-Math's system prompt with its chat markup written out (works with any tokenizer).
+QWEN_MATH_TEMPLATE = (
+    "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+    "<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+)
+
+TEMPLATES = ("chat", "r1", "qwen_math", "none")
+
+
+def render_prompt(
+    template: str, question: str, tokenizer=None, system_prompt: str | None = None
+) -> str:
+    """The exact text given to the model for ``question`` under ``template``."""
+    if template == "chat":
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "data.template=chat needs a tokenizer with a chat template; "
+                "use data.template=none, r1 or qwen_math for this model"
+            )
+        messages = [{"role": "user", "content": question}]
+        if system_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if template == "r1":
+        return R1_TEMPLATE.format(question=question)
+    if template == "qwen_math":
+        return QWEN_MATH_TEMPLATE.format(question=question)
+    if template == "none":
+        return f"{system_prompt}\n\n{question}" if system_prompt else question
+    raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")

@@ -1,0 +1,133 @@
+"""Rollouts with transformers ``generate``: always available, shares the trainer's module.
+
+Because this engine generates with the very module being trained, there is nothing to
+synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.rollout.base import Completion, SamplingParams
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, batch_size: int = 64, autocast: bool = False
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.autocast = autocast
+
+    def _autocast(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        flat = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
+        out: list[list[Completion]] = [[] for _ in prompt_ids]
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            for start in range(0, len(flat), self.batch_size):
+                chunk = flat[start : start + self.batch_size]
+                for (idx, _), comp in zip(
+                    chunk, self._generate_chunk([c[1] for c in chunk], params), strict=True
+                ):
+                    comp.prompt_index = idx
+                    out[idx].append(comp)
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        tok = self.tokenizer
+        pad = tok.pad_token_id
+        device = next(self.model.parameters()).device
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        greedy = params.temperature <= 0
+        kwargs = dict(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=not greedy,
+            pad_token_id=pad,
+            eos_token_id=tok.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if not greedy:
+            kwargs.update(
+                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k or None
+            )
+        if params.stop:
+            kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        with self._autocast():
+            res = self.model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs
+            )
+        new = res.sequences[:, width:].cpu()
+        # Sampler log-probs: the temperature-scaled distribution the tokens were drawn from
+        # (top-p/top-k truncation aside), matching how the trainer scores them.
+        logits = torch.stack(res.logits, dim=1).float().cpu()
+        if not greedy:
+            logits = logits / params.temperature
+        logp = torch.gather(F.log_softmax(logits, -1), -1, new.unsqueeze(-1)).squeeze(-1)
+        comps = []
+        for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
+            n, reason = self._cut(row, params)
+            token_ids = row[:n]
+            comps.append(
+                Completion(
+                    prompt_index=-1,
+                    token_ids=token_ids,
+                    logprobs=lp[:n],
+                    text=tok.decode(token_ids, skip_special_tokens=True),
+                    finish_reason=reason,
+                )
+            )
+        return comps
+
+    def _cut(self, row: list[int], params: SamplingParams) -> tuple[int, str]:
+        """Length of the real completion (EOS included) and why it ended."""
+        eos = self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id
+        for j, t in enumerate(row):
+            if t == eos:
+                return j + 1, "stop"
+        n = len(row)
+        if pad != eos:
+            while n > 0 and row[n - 1] == pad:
+                n -= 1
+        if n < len(row):  # generation stopped early: a stop string ended it
+            return n, "stop"
+        if params.stop:
+            text = self.tokenizer.decode(row, skip_special_tokens=True)
+            if any(text.endswith(s) for s in params.stop):
+                return n, "stop"
+        return n, "length"
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """No-op: this engine samples from the trainer's own module."""
+        for _ in named_tensors:
+            pass
+
+    def close(self) -> None:
+        self.model = None

@@ -1,0 +1,92 @@
+"""The metric names the trainer emits in each step's dict (flat keys; the contract).
+
+Any key may be missing on a given step (``kl`` when beta = 0, eval keys on non-eval steps), so
+readers look keys up with ``.get``. The report lists the contract keys a run never logged, which
+makes a metric that silently stopped being produced visible (seed 001: ratio diagnostics were
+mapped in the dashboard but never produced, so they were absent for a whole campaign).
+"""
+
+from __future__ import annotations
+
+REWARD_KEYS = (
+    "reward_mean",
+    "reward_std",
+    "reward_min",
+    "reward_max",
+    "reward_p90",
+    "correct",
+    "has_boxed",
+    "has_answer",
+    "reward_failure_rate",
+    "high_reward_wrong_rate",
+)
+UPDATE_KEYS = (
+    "grad_norm",  # before clipping
+    "policy_loss",
+    "kl",  # chosen estimator, per-token mean; absent when not measured
+    "clip_frac_low",
+    "clip_frac_high",
+    "adv_mean",
+    "adv_std",
+    "adv_min",
+    "adv_max",
+    "entropy_mean",
+    "entropy_p10",
+    "entropy_p90",
+    "log_ratio_max",
+    "log_ratio_min",
+    "log_ratio_clamped_max",
+    "log_ratio_abs_p99",
+    "ratio_mean",
+    "ratio_min",
+    "ratio_max",
+    "approx_kl",
+    "nonfinite_skipped",  # 1.0 when the update was skipped for a non-finite loss/grad
+)
+ROLLOUT_KEYS = (
+    "response_len_mean",
+    "response_len_max",
+    "response_len_p10",
+    "response_len_p50",
+    "response_len_p90",
+    "truncation_rate",
+    "zero_var_group_frac",
+    "logprob_diff_mean",  # engine vs trainer log-probs of the sampled tokens
+    "logprob_diff_max",
+    "logprob_k3",
+)
+TIMING_KEYS = (
+    "time_rollout",
+    "time_reward",
+    "time_reference",
+    "time_update",
+    "time_sync",
+    "time_eval",
+    "time_step",
+    "gen_tokens_per_s",
+    "train_tokens_per_s",
+)
+# The phases whose times add up to (most of) time_step, in pipeline order.
+PHASE_TIMING_KEYS = (
+    "time_rollout",
+    "time_reward",
+    "time_reference",
+    "time_update",
+    "time_sync",
+    "time_eval",
+)
+STEP_KEYS = ("step", "epoch", "lr")
+
+METRIC_KEYS: tuple[str, ...] = STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS
+
+# Eval scores are logged as ``eval/<set_name>/<mode>``, e.g. ``eval/heldout/greedy_pass@1``.
+EVAL_PREFIX = "eval/"
+
+
+def eval_key(set_name: str, mode: str) -> str:
+    """The metric key for eval set ``set_name`` scored in ``mode`` (``greedy_pass@1`` ...)."""
+    if not set_name or "/" in set_name:
+        raise ValueError(f"eval set_name must be non-empty and contain no '/', got {set_name!r}")
+    if not mode or "/" in mode:
+        raise ValueError(f"eval mode must be non-empty and contain no '/', got {mode!r}")
+    return f"{EVAL_PREFIX}{set_name}/{mode}"

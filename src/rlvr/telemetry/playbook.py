@@ -1,0 +1,77 @@
+"""What to check or change when a health rule fires (seed 002's tuning playbook, in our words).
+
+Each entry is a format string; the gate fills in the numbers it observed.
+"""
+
+from __future__ import annotations
+
+ADVICE: dict[str, str] = {
+    "reward_stuck_low": (
+        "reward_mean has sat at its minimum ({low}) for {steps} steps: no completion is "
+        "rewarded, every group has zero variance and nothing can be learned. This is usually a "
+        "data or reward bug: read a few samples and check the answer extraction against the "
+        "reference (right reference field? does the reward parse the format the template asks "
+        "for?). If the rewards are right, the task is too hard for this model: use easier "
+        "prompts or a curriculum, or a larger group size."
+    ),
+    "reward_stuck_high": (
+        "reward_mean has sat at its maximum ({high}) for {steps} steps: every completion is "
+        "rewarded, so every group has zero variance and nothing is learned. The prompts are "
+        "too easy: use harder ones, or filter out prompts the base model always solves."
+    ),
+    "has_boxed_low": (
+        "Only {has_boxed:.0%} of responses contain \\boxed{{}} (floor {min_value:.0%}): the "
+        "reward cannot grade answers it cannot find. Check that the template asks for a boxed "
+        "answer and that responses are not cut off before the answer (truncation_rate); if "
+        "the base model rarely boxes, run a short SFT phase on the answer format first."
+    ),
+    "has_boxed_falling": (
+        "The \\boxed{{}} rate fell from {recent_max:.0%} to {has_boxed:.0%} within {window} "
+        "steps: the model is losing the answer format. Read recent samples; lower the "
+        "learning rate or add a KL penalty, or run a small SFT phase on the format."
+    ),
+    "grad_norm_zero": (
+        "grad_norm has been zero for {steps} steps: no weight is changing. Check that there "
+        "are trainable parameters (LoRA target modules matched, nothing frozen by mistake), "
+        "that the loss is connected to the model (not computed from detached tensors), and "
+        "that some groups carry an advantage (zero_var_group_frac below 1)."
+    ),
+    "grad_norm_high": (
+        "grad_norm before clipping is {grad_norm:.4g} (ceiling {max_value:.4g}): clipping "
+        "dominates the update and the learning rate is probably too high. Lower it. Spikes "
+        "come from extreme log-probability ratios on a few tokens (see log_ratio_max, "
+        "ratio_max and spikes.jsonl), not from advantage outliers: tighten the ratio clip "
+        "(e.g. 0.2 -> 0.1) or clamp log-ratios; clipping advantages does not help."
+    ),
+    "adv_std_zero": (
+        "adv_std has been zero for {steps} steps: no completion is preferred over another, "
+        "so the policy gradient is zero. If rewards do vary inside groups (reward_std > 0), "
+        "the advantage computation is wrong: check the group size and that completions are "
+        "grouped with their own prompt. Otherwise every group got identical rewards (see "
+        "zero_var_group_frac): change the task difficulty or the group size."
+    ),
+    "truncation": (
+        "{truncation_rate:.0%} of responses hit the generation limit (ceiling "
+        "{max_rate:.0%}), so answers are cut off before they are written. Raise the maximum "
+        "number of new tokens, or add a length penalty if the model rambles."
+    ),
+    "clip_frac": (
+        "{clip_frac:.0%} of tokens had their ratio clipped (ceiling {max_frac:.0%}): the "
+        "updates are too aggressive. Lower the learning rate or take fewer update passes per "
+        "batch; if this holds from the first steps, the learning rate is too high."
+    ),
+    "logprob_mismatch": (
+        "The rollout engine's log-probs of the sampled tokens disagree with the trainer's "
+        "({detail}). Either the engine is not running the latest weights (check the weight "
+        "sync), or the trainer's log-probs are not aligned with the sampled tokens (an "
+        "off-by-one between logits and labels silently corrupts every ratio and KL value). "
+        "Precision differences alone give small values. Compare the two on one batch before "
+        "trusting ratio or KL metrics."
+    ),
+    "nonfinite": (
+        "The loss or gradients were non-finite on {steps} consecutive steps, so updates are "
+        "skipped and training has stopped progressing. Lower the learning rate, use float32 "
+        "or bfloat16 rather than float16, clamp log-ratios, and check rewards and advantages "
+        "for NaN values."
+    ),
+}

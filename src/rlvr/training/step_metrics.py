@@ -1,0 +1,112 @@
+"""Summaries of one step's rollout and update, under the metric names of the JSONL contract."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlvr.rollout.base import Completion
+
+# Statistics of policy_loss that are averaged over micro-batches, and those that take the extreme.
+_MEAN_KEYS = (
+    "ratio_mean",
+    "clip_frac_low",
+    "clip_frac_high",
+    "approx_kl",
+    "kl",
+    "value_clip_frac",
+    "value_mean",
+    "return_mean",
+    "maxent_clip_term",
+    "maxent_active_groups",
+)
+_MAX_KEYS = ("ratio_max", "log_ratio_max", "log_ratio_clamped_max", "log_ratio_abs_p99")
+_MIN_KEYS = ("ratio_min", "log_ratio_min")
+_SUM_KEYS = ("policy_loss", "value_loss", "maxent_listwise_loss")
+
+
+def _pct(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else 0.0
+
+
+def rollout_metrics(
+    scores: torch.Tensor, valid: torch.Tensor, comps: list[Completion], rewards, max_new_tokens: int
+) -> dict[str, float]:
+    """Reward, correctness, length and truncation statistics of one rollout batch.
+
+    scores/valid: ``[P, G]``. ``rewards`` is the reward runner's BatchRewards.
+    """
+    m: dict[str, float] = {}
+    v = scores[valid].numpy()
+    if v.size:
+        m.update(
+            reward_mean=float(v.mean()),
+            reward_std=float(v.std()),
+            reward_min=float(v.min()),
+            reward_max=float(v.max()),
+            reward_p90=_pct(v, 90),
+        )
+    else:
+        m.update(reward_mean=0.0, reward_std=0.0, reward_min=0.0, reward_max=0.0, reward_p90=0.0)
+    m.update(rewards.metrics())
+    lengths = np.array([len(c.token_ids) for c in comps], dtype=float)
+    m.update(
+        response_len_mean=float(lengths.mean()),
+        response_len_max=float(lengths.max()),
+        response_len_p10=_pct(lengths, 10),
+        response_len_p50=_pct(lengths, 50),
+        response_len_p90=_pct(lengths, 90),
+        truncation_rate=float(np.mean([c.truncated for c in comps])),
+    )
+    # A group whose valid rewards are all equal carries no GRPO signal.
+    spread = []
+    for row, ok in zip(scores, valid, strict=True):
+        r = row[ok]
+        spread.append(bool(r.numel() < 2 or float(r.max() - r.min()) <= 1e-8))
+    m["zero_var_group_frac"] = float(np.mean(spread))
+    infos = rewards.infos
+    if infos and any("correct" in i for i in infos):
+        # High reward but wrong: a non-exact reward (format, PRM, partial credit) paying for wrong answers.
+        flat = scores.reshape(-1).tolist()
+        hi_wrong = [
+            s >= 0.5 and i.get("correct", 1.0) < 0.5
+            for s, i, ok in zip(flat, infos, valid.reshape(-1).tolist(), strict=True)
+            if ok
+        ]
+        m["high_reward_wrong_rate"] = float(np.mean(hi_wrong)) if hi_wrong else 0.0
+    return m
+
+
+def summarize_update_stats(
+    stats: list[dict], entropies: list[torch.Tensor], grad_norms: list[float]
+) -> dict:
+    """Fold per-micro-batch loss statistics and per-optimizer-step grad norms into step metrics."""
+    out: dict[str, float] = {}
+    for key in _MEAN_KEYS:
+        vals = [s[key] for s in stats if key in s]
+        if vals:
+            out[key] = float(np.mean(vals))
+    for key in _MAX_KEYS:
+        vals = [s[key] for s in stats if key in s]
+        if vals:
+            out[key] = float(np.max(vals))
+    for key in _MIN_KEYS:
+        vals = [s[key] for s in stats if key in s]
+        if vals:
+            out[key] = float(np.min(vals))
+    n_opt = max(1, len(grad_norms))
+    for key in _SUM_KEYS:
+        vals = [s[key] for s in stats if key in s]
+        if vals:
+            # micro-batch losses sum to the minibatch loss; average that over optimizer steps
+            out[key] = float(np.sum(vals)) / n_opt
+    ent = torch.cat(entropies).numpy() if entropies else np.zeros(0)
+    if ent.size:
+        out.update(
+            entropy_mean=float(ent.mean()), entropy_p10=_pct(ent, 10), entropy_p90=_pct(ent, 90)
+        )
+    if grad_norms:
+        out["grad_norm"] = float(np.mean(grad_norms))
+        out["grad_norm_max"] = float(np.max(grad_norms))
+    out["optimizer_steps"] = float(len(grad_norms))
+    return out

@@ -1,0 +1,435 @@
+"""The training loop: rollout -> rewards -> advantages -> update -> sync -> telemetry -> eval/ckpt.
+
+Nothing else lives here: maths is in `rlvr.algorithms`, losses per objective in `objectives.py`,
+log-probs in `policy.py`, metric summaries in `step_metrics.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rlvr.algorithms import (
+    AdaptiveKLController,
+    FixedKLController,
+    active_groups,
+    gae_advantages,
+    group_advantages,
+    maxent_weights,
+    sequence_logp,
+)
+from rlvr.config import Config
+from rlvr.data.templates import render_prompt
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.training.batching import PromptSampler, group_minibatches, micro_batches
+from rlvr.training.objectives import MicroBatch, MinibatchCounts, micro_loss
+from rlvr.training.policy import build_sequence_batch, completion_logits, logprobs_and_entropy
+from rlvr.training.run_setup import RunContext, setup_run
+from rlvr.training.step_metrics import rollout_metrics, summarize_update_stats
+
+GROUP_ADV_METHODS = {
+    "drgrpo": "drgrpo",
+    "grpo": "grpo",
+    "rloo": "rloo",
+    "maxent_listwise": "drgrpo",
+}
+
+
+class Trainer:
+    """One RL fine-tuning run. ``Trainer(cfg).fit()`` returns a summary dict.
+
+    Pass ``model``/``tokenizer`` to train an already-loaded model (notebooks, tests).
+    """
+
+    def __init__(self, cfg: Config, *, model=None, tokenizer=None, run_dir: Path | None = None):
+        self.cfg = cfg.validate()
+        self.ctx: RunContext = setup_run(cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)
+        c = self.ctx
+        self.model, self.tokenizer, self.engine = c.model, c.tokenizer, c.engine
+        self.sampler = PromptSampler(
+            len(c.train_rows), cfg.algo.prompts_per_step, seed=cfg.train.seed
+        )
+        self.ref_model = None
+        if cfg.algo.beta > 0 and not cfg.model.lora.enabled:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.kl_ctl = (
+            AdaptiveKLController(cfg.algo.beta, cfg.algo.kl_target, cfg.algo.kl_horizon)
+            if cfg.algo.kl_target is not None
+            else FixedKLController(cfg.algo.beta)
+        )
+        self.step = 0
+        self.history: list[dict] = []
+
+    # ------------------------------------------------------------------ helpers
+    def _autocast(self):
+        if not self.ctx.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
+
+    def _prompt_ids(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
+        d = self.cfg.data
+        texts = [
+            render_prompt(
+                d.template, r["prompt"], self.tokenizer, r.get("system_prompt") or d.system_prompt
+            )
+            for r in rows
+        ]
+        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        for r, i in zip(rows, ids, strict=True):
+            if len(i) > d.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt of row {r.get('_source', '?')} has {len(i)} tokens > data.max_prompt_tokens="
+                    f"{d.max_prompt_tokens}"
+                )
+        return texts, ids
+
+    def _seed_step(self, step: int) -> int:
+        seed = self.cfg.train.seed * 1_000_003 + step
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        return seed
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> dict:
+        cfg, a = self.cfg, self.cfg.algo
+        g = a.group_size
+        timings: dict[str, float] = {}
+        t_step = time.perf_counter()
+        seed = self._seed_step(self.step)
+
+        rows = [self.ctx.train_rows[i] for i in self.sampler.next_indices()]
+        prompt_texts, prompt_ids = self._prompt_ids(rows)
+
+        t = time.perf_counter()
+        params = SamplingParams(
+            n=g,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            stop=tuple(cfg.rollout.stop),
+            seed=seed,
+        )
+        groups = self.engine.generate(prompt_ids, params)
+        comps: list[Completion] = [c for grp in groups for c in grp]
+        timings["time_rollout"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        flat_rows = [r for r in rows for _ in range(g)]
+        rewards = self.ctx.rewards.score_batch(
+            [p for p in prompt_texts for _ in range(g)],
+            [c.text for c in comps],
+            [r["answer"] for r in flat_rows],
+            flat_rows,
+            [c.truncated for c in comps],
+        )
+        timings["time_reward"] = time.perf_counter() - t
+        scores = torch.tensor(rewards.scores, dtype=torch.float32).view(-1, g)
+        valid = torch.tensor(rewards.valid, dtype=torch.bool).view(-1, g)
+        scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
+
+        seq_prompt_ids = [p for p in prompt_ids for _ in range(g)]
+        seq_comp_ids = [c.token_ids for c in comps]
+        metrics = rollout_metrics(scores, valid, comps, rewards, cfg.rollout.max_new_tokens)
+
+        lr_used = self.ctx.scheduler.get_last_lr()[0]
+        t = time.perf_counter()
+        update_stats = self._update(seq_prompt_ids, seq_comp_ids, comps, scores, valid, metrics)
+        timings["time_update"] = time.perf_counter() - t - update_stats.pop("_time_reference", 0.0)
+        timings["time_reference"] = update_stats.pop("_time_reference_total", 0.0)
+
+        t = time.perf_counter()
+        if self.engine.name != "hf" and (self.step + 1) % cfg.rollout.sync_every == 0:
+            self.engine.load_weights(self.ctx.named_weights())
+        timings["time_sync"] = time.perf_counter() - t
+
+        metrics.update(update_stats)
+        metrics.update(timings)
+        metrics["time_step"] = time.perf_counter() - t_step
+        gen_tokens = sum(len(c.token_ids) for c in comps)
+        metrics["gen_tokens_per_s"] = gen_tokens / max(timings["time_rollout"], 1e-9)
+        metrics["train_tokens_per_s"] = (
+            gen_tokens * a.epochs_per_batch / max(timings["time_update"], 1e-9)
+        )
+        metrics["lr"] = lr_used
+        metrics["epoch"] = self.sampler.epoch
+        if self.ref_model is not None or a.beta > 0:
+            metrics["kl_coef"] = self.kl_ctl.value
+        self._last_batch = (prompt_texts, rows, groups, rewards)
+        return metrics
+
+    # ------------------------------------------------------------------ update
+    def _update(self, prompt_ids, comp_ids, comps, scores, valid, metrics) -> dict:
+        cfg, a = self.cfg, self.cfg.algo
+        g, n = a.group_size, len(comp_ids)
+        pad = self.tokenizer.pad_token_id
+        temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+        valid_flat = valid.view(-1)
+        need_old = a.epochs_per_batch > 1 or a.minibatches > 1
+        need_ref = a.beta > 0 or (
+            a.objective == "maxent_listwise" and a.maxent.length_normalize_ref and a.beta > 0
+        )
+        t_ref = 0.0
+
+        # Pass 1 (no grad): trainer log-probs for the engine trust check, old log-probs when the
+        # batch is used more than once, reference log-probs when KL or maxent's beta needs them.
+        old_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        ref_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        old_values: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        diffs = []
+        with torch.no_grad():
+            for idx in micro_batches(list(range(n)), a.micro_batch_size):
+                sb = build_sequence_batch(
+                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
+                )
+                with self._autocast():
+                    logits = completion_logits(self.model, sb)
+                lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
+                for row, i in enumerate(idx):
+                    length = len(comp_ids[i])
+                    old_logp[i] = lp[row, :length]
+                    eng = torch.tensor(comps[i].logprobs[:length])
+                    if length:
+                        diffs.append(old_logp[i] - eng)
+                if need_ref:
+                    t0 = time.perf_counter()
+                    ref = self._reference_logp(sb, temp)
+                    for row, i in enumerate(idx):
+                        ref_logp[i] = ref[row, : len(comp_ids[i])]
+                    t_ref += time.perf_counter() - t0
+        stats_out: dict[str, float] = {}
+        if diffs:
+            d = torch.cat(diffs)
+            stats_out["logprob_diff_mean"] = float(d.abs().mean())
+            stats_out["logprob_diff_max"] = float(d.abs().max())
+            # k3 of engine vs trainer: E[exp(-d) + d - 1] with d = trainer - engine
+            stats_out["logprob_k3"] = float((torch.exp(-d.clamp(-20, 20)) + d - 1).mean())
+
+        # KL as a reward penalty folds into the scalar reward before advantages.
+        if a.kl_mode == "reward" and need_ref and self.kl_ctl.value > 0:
+            pen = torch.tensor(
+                [
+                    float((old_logp[i] - ref_logp[i]).sum()) if len(comp_ids[i]) else 0.0
+                    for i in range(n)
+                ]
+            ).view(-1, g)
+            scores = scores - self.kl_ctl.value * pen
+
+        adv_tokens = None
+        if a.objective == "ppo":
+            adv_tokens, returns = self._ppo_advantages(
+                prompt_ids, comp_ids, scores, valid, old_values
+            )
+            seq_adv = torch.stack(
+                [adv_tokens[i][: max(1, len(comp_ids[i]))].mean() for i in range(n)]
+            )
+        else:
+            method = GROUP_ADV_METHODS.get(a.objective, "drgrpo")
+            seq_adv = group_advantages(scores, g, method, valid=valid, eps=a.adv_eps).reshape(-1)
+        stats_out.update(
+            adv_mean=float(seq_adv[valid_flat].mean()) if valid_flat.any() else 0.0,
+            adv_std=float(seq_adv[valid_flat].std(unbiased=False)) if valid_flat.any() else 0.0,
+            adv_min=float(seq_adv.min()),
+            adv_max=float(seq_adv.max()),
+        )
+
+        mx_w = mx_active = old_seq = None
+        if a.objective == "maxent_listwise":
+            m = a.maxent
+            old_seq = torch.stack(
+                [
+                    sequence_logp(
+                        old_logp[i].view(1, -1),
+                        torch.ones(1, len(comp_ids[i])),
+                        m.length_normalize_policy,
+                    )[0]
+                    if len(comp_ids[i])
+                    else torch.tensor(0.0)
+                    for i in range(n)
+                ]
+            )
+            if a.beta > 0:
+                ref_seq = torch.stack(
+                    [
+                        sequence_logp(
+                            ref_logp[i].view(1, -1),
+                            torch.ones(1, len(comp_ids[i])),
+                            m.length_normalize_ref,
+                        )[0]
+                        if len(comp_ids[i])
+                        else torch.tensor(0.0)
+                        for i in range(n)
+                    ]
+                ).view(-1, g)
+            else:
+                ref_seq = torch.zeros_like(scores)
+            _, mx_w = maxent_weights(scores, ref_seq, m.tau, a.beta, m.q_temperature, m.q_eps)
+            mx_active = (
+                active_groups(scores)
+                if m.skip_zero_variance_groups
+                else torch.ones(scores.shape[0], dtype=torch.bool)
+            )
+            mx_active = mx_active & valid.all(dim=1)
+
+        # Pass 2: the update itself.
+        self.model.train()
+        opt, sched = self.ctx.optimizer, self.ctx.scheduler
+        all_stats: list[dict] = []
+        entropies: list[torch.Tensor] = []
+        grad_norms: list[float] = []
+        skipped = 0
+        num_groups = n // g
+        for epoch in range(a.epochs_per_batch):
+            shuffle = (
+                None if a.minibatches == 1 else self.cfg.train.seed * 7919 + self.step * 31 + epoch
+            )
+            for mb in group_minibatches(num_groups, g, a.minibatches, shuffle_seed=shuffle):
+                mb_valid = [i for i in mb if valid_flat[i]]
+                counts = MinibatchCounts(
+                    sequences=len(mb_valid),
+                    tokens=sum(len(comp_ids[i]) for i in mb_valid),
+                    active_groups=int(mx_active[[i // g for i in mb[::g]]].sum())
+                    if mx_active is not None
+                    else 0,
+                )
+                opt.zero_grad(set_to_none=True)
+                for idx in micro_batches(mb, a.micro_batch_size):
+                    sb = build_sequence_batch(
+                        [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
+                    )
+                    with self._autocast():
+                        out = self._forward(sb)
+                    logits = out["logits"] / temp
+                    logp, ent = logprobs_and_entropy(logits, sb.completion_ids)
+                    mask = sb.completion_mask * valid_flat[idx].float().unsqueeze(1)
+                    T = mask.shape[1]
+                    if need_old:
+                        old = _pad_rows([old_logp[i] for i in idx], T)
+                    else:
+                        old = logp.detach()  # one update per batch: old policy == current policy
+                    if adv_tokens is not None:
+                        adv = _pad_rows([adv_tokens[i] for i in idx], T)
+                    else:
+                        adv = seq_adv[idx]
+                    mbatch = MicroBatch(
+                        logp=logp,
+                        old_logp=old,
+                        mask=mask,
+                        advantages=adv,
+                        entropy=ent,
+                        ref_logp=_pad_rows([ref_logp[i] for i in idx], T) if need_ref else None,
+                    )
+                    if mx_w is not None:
+                        gidx = sorted({i // g for i in idx})
+                        mbatch.maxent_weights = mx_w[gidx]
+                        mbatch.maxent_active = mx_active[gidx]
+                        mbatch.old_seq_logp = (
+                            old_seq[idx]
+                            if need_old
+                            else sequence_logp(
+                                logp.detach(), sb.completion_mask, a.maxent.length_normalize_policy
+                            )
+                        )
+                    if a.objective == "ppo":
+                        mbatch.values = out["values"]
+                        mbatch.old_values = _pad_rows([old_values[i] for i in idx], T)
+                        mbatch.returns = _pad_rows([returns[i] for i in idx], T)
+                    loss, st = micro_loss(cfg, mbatch, counts, self.kl_ctl.value)
+                    if torch.isfinite(loss):
+                        loss.backward()
+                    else:
+                        st["nonfinite_loss"] = 1.0
+                    all_stats.append(st)
+                    entropies.append(ent.detach()[mask.bool()])
+                params = [p for p in self.model.parameters() if p.requires_grad]
+                params += list(self.ctx.extra_params())
+                gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
+                gn = float(gn)
+                if not math.isfinite(gn) or any(
+                    s.get("nonfinite_loss") for s in all_stats[-len(mb) :]
+                ):
+                    opt.zero_grad(set_to_none=True)  # never apply a non-finite update
+                    skipped += 1
+                else:
+                    opt.step()
+                grad_norms.append(gn)
+        sched.step()
+        if "kl" in (all_stats[0] if all_stats else {}):
+            self.kl_ctl.update(float(np.mean([s["kl"] for s in all_stats if "kl" in s])), n_steps=1)
+        stats_out.update(summarize_update_stats(all_stats, entropies, grad_norms))
+        stats_out["nonfinite_skipped"] = float(skipped > 0)
+        stats_out["_time_reference_total"] = t_ref
+        stats_out["_time_reference"] = t_ref
+        return stats_out
+
+    def _forward(self, sb) -> dict:
+        if self.cfg.algo.objective != "ppo":
+            return {"logits": completion_logits(self.model, sb)}
+        return self.ctx.value_forward(sb)
+
+    def _reference_logp(self, sb, temp: float) -> torch.Tensor:
+        with self._autocast():
+            if self.ref_model is not None:
+                logits = completion_logits(self.ref_model, sb)
+            else:  # LoRA: the reference is the base model with adapters disabled
+                with self.model.disable_adapter():
+                    logits = completion_logits(self.model, sb)
+        lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
+        return lp
+
+    def _ppo_advantages(self, prompt_ids, comp_ids, scores, valid, old_values):
+        """GAE over tokens with the critic's values; the scalar reward sits on the last token."""
+        a = self.cfg.algo
+        n = len(comp_ids)
+        pad = self.tokenizer.pad_token_id
+        with torch.no_grad():
+            for idx in micro_batches(list(range(n)), a.micro_batch_size):
+                sb = build_sequence_batch(
+                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
+                )
+                with self._autocast():
+                    vals = self.ctx.value_forward(sb)["values"].float()
+                for row, i in enumerate(idx):
+                    old_values[i] = vals[row, : len(comp_ids[i])]
+        T = max(1, max(len(c) for c in comp_ids))
+        mask = torch.zeros(n, T)
+        rew = torch.zeros(n, T)
+        flat = scores.reshape(-1)
+        for i, c in enumerate(comp_ids):
+            if c and valid.view(-1)[i]:
+                mask[i, : len(c)] = 1
+                rew[i, len(c) - 1] = flat[i]
+        values = _pad_rows(old_values, T)
+        adv, ret = gae_advantages(rew, values, mask, a.ppo.gamma, a.ppo.lam)
+        return [adv[i, : len(c)] for i, c in enumerate(comp_ids)], [
+            ret[i, : len(c)] for i, c in enumerate(comp_ids)
+        ]
+
+    # ------------------------------------------------------------------ the run
+    def fit(self) -> dict:
+        """Train for ``train.max_steps`` steps with evals around it; returns the summary."""
+        from rlvr.training.run_loop import run_training
+
+        return run_training(self)
+
+
+def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        if r is not None and len(r):
+            out[i, : len(r)] = r[:width].float()
+    return out
+
+
+def main_guard() -> None:  # pragma: no cover - used by `python -m rlvr.training.trainer`
+    print(json.dumps({"error": "use `rlvr train`"}), file=sys.stderr)

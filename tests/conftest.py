@@ -1,0 +1,32 @@
+"""Shared fixtures: tiny random models over a character tokenizer (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+# Toy reward functions used by end-to-end tests live in tests/toy_rewards.py; make them importable
+# as `toy_rewards:...` both here and in subprocesses.
+TESTS_DIR = Path(__file__).parent
+sys.path.insert(0, str(TESTS_DIR))
+os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from rlvr.training.tiny import save_tiny_model
+
+    torch.set_num_threads(2)
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    from rlvr.training.tiny import build_char_tokenizer
+
+    return build_char_tokenizer()

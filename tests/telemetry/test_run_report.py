@@ -1,0 +1,214 @@
+"""write_report on synthetic run directories written by the test itself."""
+
+from __future__ import annotations
+
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image
+
+from rlvr.telemetry import write_report
+from rlvr.telemetry.plots import plot_grad_norm
+from rlvr.telemetry.report_data import ABSENT, config_diff, flatten_config, load_run, rolling_mean
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+class _Page(HTMLParser):
+    """Collects image sources, tables (rows of cell texts) and all visible text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.tables: list[list[list[str]]] = []
+        self.text: list[str] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        elif tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None:
+            self.tables[-1][-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text(encoding="utf-8"))
+    page.close()
+    return page
+
+
+def _assert_images_valid(page: _Page, out_dir: Path) -> None:
+    assert page.images, "the report references no image"
+    for src in page.images:
+        assert not src.startswith(("/", "http")), src  # relative to the report
+        path = out_dir / src
+        assert path.is_file(), src
+        assert path.read_bytes()[:8] == PNG_SIGNATURE, src
+        with Image.open(path) as image:
+            image.verify()
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.width > 100 and image.height > 100
+
+
+def _write_run(run_dir: Path, *, lr: float, steps: int = 12, with_extras: bool = True) -> None:
+    """A run directory as the trainer leaves it, written with plain json / yaml."""
+    run_dir.mkdir(parents=True)
+    lines = []
+    for s in range(steps):
+        m: dict = {"step": s, "reward_mean": 0.05 * s, "correct": 0.04 * s}
+        if with_extras:
+            m.update(
+                grad_norm=2.0 + s,
+                kl="NaN" if s == 3 else 0.001 * s,  # non-finite values arrive as strings
+                entropy_mean=1.5 - 0.05 * s,
+                entropy_p10=0.5,
+                entropy_p90=2.5,
+                response_len_mean=40.0 - s,
+                response_len_p10=20.0,
+                response_len_p90=60.0,
+                truncation_rate=0.1,
+                clip_frac_low=0.01,
+                clip_frac_high=0.03,
+                time_rollout=3.0,
+                time_reward=0.2,
+                time_update=2.0,
+                time_step=5.5,
+            )
+            if s % 5 == 0:
+                m["eval/heldout/greedy_pass@1"] = 0.2 + 0.01 * s
+        lines.append(json.dumps(m))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    config = {"model": {"name": "tiny"}, "train": {"lr": lr, "max_grad_norm": 1.0}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    (run_dir / "samples").mkdir()
+    for s in (0, steps - 1):
+        record = {"prompt": "What is 2+3?", "response": f"step {s}: <b>5</b>", "reward": 1.0}
+        (run_dir / "samples" / f"step_{s:06d}.jsonl").write_text(json.dumps(record) + "\n")
+    event = {
+        "rule": "truncation",
+        "action": "warn",
+        "step": 7,
+        "values": {"truncation_rate": 0.62},
+        "advice": "Raise the generation limit.",
+    }
+    health = {"status": "warned", "stopped_by": None, "events": [event]}
+    (run_dir / "health.json").write_text(json.dumps(health))
+
+
+@pytest.fixture(scope="module")
+def two_run_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, _Page]:
+    root = tmp_path_factory.mktemp("runs")
+    _write_run(root / "run_a", lr=1e-5)
+    _write_run(root / "run_b", lr=2e-5)
+    html_path = write_report([root / "run_a", root / "run_b"], root / "report")
+    return html_path, _parse(html_path)
+
+
+def test_report_images_exist_and_are_valid_pngs(two_run_report: tuple[Path, _Page]) -> None:
+    html_path, page = two_run_report
+    assert html_path.name == "report.html"
+    _assert_images_valid(page, html_path.parent)
+    stems = {Path(src).stem for src in page.images}
+    # every metric family the runs logged has its plot ...
+    assert stems == {
+        "reward",
+        "eval",
+        "kl",
+        "grad_norm",
+        "entropy",
+        "length",
+        "clip_frac",
+        "timings",
+    }
+    # ... and the absent ones (log-ratio tails, engine/trainer log-probs) are skipped
+
+
+def test_report_config_diff_lists_only_differing_keys(two_run_report: tuple[Path, _Page]) -> None:
+    _, page = two_run_report
+    diff = next(t for t in page.tables if t and t[0] == ["key", "run_a", "run_b"])
+    assert diff[1:] == [["train.lr", "1e-05", "2e-05"]]
+
+
+def test_report_shows_health_events_and_samples(two_run_report: tuple[Path, _Page]) -> None:
+    _, page = two_run_report
+    health_rows = [row for t in page.tables for row in t if "truncation" in row]
+    assert len(health_rows) == 2  # one per run
+    assert health_rows[0] == [
+        "7",
+        "truncation",
+        "warn",
+        "truncation_rate=0.62",
+        "Raise the generation limit.",
+    ]
+    text = "".join(page.text)
+    # the model's "<b>" came through as text, not as markup
+    assert "step 0: <b>5</b>" in text and "step 11: <b>5</b>" in text
+
+
+def test_grad_norm_plot_draws_the_clip_threshold(tmp_path: Path) -> None:
+    _write_run(tmp_path / "run", lr=1e-5, steps=4)
+    fig = plot_grad_norm([load_run(tmp_path / "run", "run")])
+    lines = fig.axes[0].get_lines()
+    # the metric line: grad_norm = 2 + step for steps 0..3
+    assert list(lines[0].get_ydata()) == [2.0, 3.0, 4.0, 5.0]
+    # the threshold: a horizontal line at train.max_grad_norm = 1.0
+    assert list(lines[1].get_ydata()) == [1.0, 1.0]
+
+
+def test_one_step_run_and_missing_metrics_do_not_crash(tmp_path: Path) -> None:
+    _write_run(tmp_path / "single", lr=1e-5, steps=1, with_extras=False)
+    (tmp_path / "empty").mkdir()  # no metrics, config, samples or health at all
+    html_path = write_report([tmp_path / "single", tmp_path / "empty"], tmp_path / "out")
+    page = _parse(html_path)
+    _assert_images_valid(page, html_path.parent)
+    assert [Path(src).stem for src in page.images] == ["reward"]
+    text = "".join(page.text)
+    assert "empty: no metrics.jsonl lines" in text
+    assert "no samples/ files" in text
+
+
+def test_report_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one run"):
+        write_report([], tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        write_report([tmp_path / "nope"], tmp_path / "out")
+
+
+def test_rolling_mean_by_hand() -> None:
+    # window 3: [1], [1,2], [1,2,3], [2,3,4], [3,4,5], [4,5,6] -> 1, 1.5, 2, 3, 4, 5
+    values = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    assert rolling_mean(values, 3).tolist() == [1.0, 1.5, 2.0, 3.0, 4.0, 5.0]
+    # NaN entries are left out of each mean: [1], [1, nan] -> 1, [nan, 3] -> 3
+    assert rolling_mean(np.array([1.0, math.nan, 3.0]), 2).tolist() == [1.0, 1.0, 3.0]
+
+
+def test_config_flatten_and_diff() -> None:
+    a = flatten_config({"train": {"lr": 1e-5, "epochs": 1}, "tags": ["x"], "opt": {}})
+    assert a == {"train.lr": 1e-5, "train.epochs": 1, "tags": ["x"], "opt": {}}
+    b = flatten_config({"train": {"lr": 1e-5, "epochs": 2}, "tags": ["x"], "seed": 3})
+    assert config_diff([a, b]) == [
+        ("opt", [{}, ABSENT]),
+        ("seed", [ABSENT, 3]),
+        ("train.epochs", [1, 2]),
+    ]
+    assert config_diff([a]) == []

@@ -1,0 +1,10 @@
+"""User-style reward functions for end-to-end tests (named in config as `toy_rewards:NAME`)."""
+
+
+def count_sevens(prompt, response, reference, **row):
+    """Fraction of the response's characters that are '7': a task a random tiny model learns fast."""
+    return response.count("7") / max(1, len(response))
+
+
+def always_zero(prompt, response, reference, **row):
+    return 0.0

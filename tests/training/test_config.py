@@ -1,0 +1,98 @@
+"""Config: unknown keys suggest the right one, overrides parse, guardrails name the knob and rule."""
+
+import pytest
+
+from rlvr.config import ConfigError, load_config
+
+
+def test_defaults_are_the_demo():
+    cfg = load_config()
+    assert cfg.algo.objective == "drgrpo"
+    assert cfg.loss_agg_mode() == "seq_mean_token_sum_norm"
+    assert cfg.model.name_or_path == "smollm2-135m-instruct"
+    assert cfg.problems() == []
+
+
+def test_dotted_overrides_parse_types(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algo:\n  group_size: 16\ntrain:\n  lr: 1.0e-5\n")
+    cfg = load_config(
+        path, ["algo.group_size=4", "train.lr=2e-6", "rollout.stop=[a, b]", "algo.dual_clip=3"]
+    )
+    assert cfg.algo.group_size == 4
+    assert cfg.train.lr == 2e-6  # YAML 1.1 alone would read "2e-6" as a string
+    assert cfg.rollout.stop == ["a", "b"]
+    assert cfg.algo.dual_clip == 3.0
+
+
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("algo.group_sise=4", "algo.group_size"),
+        ("train.learning_rate=1", "train.lr"),
+        ("rollout.temprature=0.5", "rollout.temperature"),
+        ("algo.maxent.tua=1", "algo.maxent.tau"),
+    ],
+)
+def test_unknown_key_suggests_closest(override, suggestion):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert override.split("=")[0] in str(err.value)
+    assert suggestion in str(err.value)
+
+
+def test_bad_value_names_field_and_value():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rollout.temperature=-1"])
+    assert "rollout.temperature" in str(err.value) and "-1" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["algo.group_size=1"], "algo.group_size=1: must be > 1"),
+        (["algo.objective=drgrpoo"], "did you mean 'drgrpo'"),
+        (["algo.minibatches=3"], "algo.minibatches=3 must divide algo.prompts_per_step=4"),
+        (
+            ["algo.objective=maxent_listwise", "algo.micro_batch_size=4"],
+            "must be divisible by algo.group_size=8",
+        ),
+        (
+            ["algo.objective=maxent_listwise", "algo.maxent.tau=0"],
+            "algo.maxent.tau=0.0: must be > 0",
+        ),
+        (["algo.objective=maxent_listwise", "algo.maxent.q_eps=0.2"], "algo.maxent.q_eps=0.2"),
+        (
+            ["algo.objective=maxent_listwise", "algo.loss_agg=token_mean"],
+            "requires the Dr.GRPO critic",
+        ),
+        (["algo.dual_clip=0.5"], "algo.dual_clip=0.5"),
+        (["data.task=file"], "data.task=file needs data.train_path"),
+        (
+            ["data.task=file", "data.train_path=/nonexistent/x.jsonl"],
+            "/nonexistent/x.jsonl does not exist",
+        ),
+        (["algo.loss_agg=mean"], "algo.loss_agg='mean' is unknown"),
+    ],
+)
+def test_guardrails_name_knob_and_rule(overrides, needle):
+    cfg = load_config(None, overrides)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert needle in str(err.value)
+
+
+def test_context_length_check():
+    cfg = load_config(None, ["data.max_prompt_tokens=500", "rollout.max_new_tokens=100"])
+    assert (
+        cfg.validate_against_model(512)
+        and "600 exceeds the model context (512" in cfg.validate_against_model(512)[0]
+    )
+    assert cfg.validate_against_model(4096) == []
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["algo.group_size=4"])
+    path = tmp_path / "c.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(path) == cfg
