@@ -23,8 +23,9 @@ class RewardFn(Protocol):
     """A reward: ``f(prompt, response, reference, **row) -> float | RewardResult``.
 
     ``row`` carries the dataset row's other fields (e.g. a Countdown row's ``numbers``
-    and ``target``). The runner drops the row keys ``prompt``, ``response`` and
-    ``reference`` before the call so they cannot clash with the positional arguments.
+    and ``target``) plus ``truncated`` (generation hit its length limit). The runner
+    drops the row's own ``prompt``, ``response``, ``reference`` and ``truncated`` keys
+    so they cannot clash with these arguments. A bool return counts as 0.0 / 1.0.
     """
 
     def __call__(

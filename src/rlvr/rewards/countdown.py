@@ -26,14 +26,19 @@ from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 
-from rlvr.rewards.arith import ArithmeticSyntaxError, evaluate, literals, parse_arithmetic
+from rlvr.rewards.arith import (
+    MAX_CHARS,
+    ArithmeticSyntaxError,
+    evaluate,
+    literals,
+    parse_arithmetic,
+)
 from rlvr.rewards.base import RewardResult
-from rlvr.rewards.extract import last_match
+from rlvr.rewards.extract import last_tag_content
 
 __all__ = ["FORMAT_SCORE", "extract_equation", "grade_countdown"]
 
 FORMAT_SCORE = 0.1
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _EQUATION_LINE_RE = re.compile(r"^[\d\s+\-*/()×÷]+$")
 _RESULT_SUFFIX_RE = re.compile(r"=\s*-?\d+\s*$")
 
@@ -42,13 +47,18 @@ def extract_equation(response: str) -> tuple[str | None, str]:
     """Return ``(equation, method)`` with method "answer_tag", "last_line" or "none"."""
     if not isinstance(response, str):
         raise TypeError(f"response must be a str, got {type(response).__name__}")
-    found = last_match(_ANSWER_TAG_RE, response)
-    if found is not None:
-        equation = _RESULT_SUFFIX_RE.sub("", found.group(1)).strip()
-        return equation, "answer_tag"
+    tagged = last_tag_content(response)
+    if tagged is not None:
+        if len(tagged) <= MAX_CHARS:  # longer is refused by the parser anyway
+            tagged = _RESULT_SUFFIX_RE.sub("", tagged)
+        return tagged.strip(), "answer_tag"
     for line in reversed(response.splitlines()):
         line = line.strip()
-        if len(line) <= 1000 and _EQUATION_LINE_RE.match(line) and any(c.isdigit() for c in line):
+        if (
+            len(line) <= MAX_CHARS
+            and _EQUATION_LINE_RE.match(line)
+            and any(c.isdigit() for c in line)
+        ):
             return line, "last_line"
     return None, "none"
 

@@ -23,11 +23,17 @@ import re
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["Extraction", "extract_answer", "extract_details", "harmony_final_text", "last_match"]
+__all__ = [
+    "Extraction",
+    "extract_answer",
+    "extract_details",
+    "harmony_final_text",
+    "last_match",
+    "last_tag_content",
+]
 
 BOX_COMMANDS = ("\\boxed", "\\fbox")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _GSM8K_RE = re.compile(r"####[ \t]*([^\n]*)")
 _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _HARMONY_MARKERS = ("<|channel|>", "<|message|>", "<|start|>")
@@ -62,6 +68,23 @@ def last_match(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     """The last non-overlapping match of ``pattern`` in ``text``, or None."""
     tail = deque(pattern.finditer(text), maxlen=1)
     return tail[0] if tail else None
+
+
+def last_tag_content(
+    text: str, open_tag: str = "<answer>", close_tag: str = "</answer>"
+) -> str | None:
+    """Content of the last complete ``open_tag ... close_tag`` pair, or None.
+
+    Found with two ``rfind`` calls rather than a lazy regex, which would rescan to the
+    end of the text for every unclosed opening tag (quadratic on hostile input).
+    """
+    close = text.rfind(close_tag)
+    if close < 0:
+        return None
+    start = text.rfind(open_tag, 0, close)
+    if start < 0:
+        return None
+    return text[start + len(open_tag) : close]
 
 
 def harmony_final_text(text: str) -> str:
@@ -118,9 +141,9 @@ def extract_details(text: str) -> Extraction:
     boxed, box_start, unclosed = _last_box(body)
     if boxed is not None:
         return Extraction(boxed, "boxed", body, box_start, unclosed)
-    found = last_match(_ANSWER_TAG_RE, body)
-    if found is not None and found.group(1).strip():
-        return Extraction(found.group(1).strip(), "answer_tag", body, box_start, unclosed)
+    tagged = last_tag_content(body)
+    if tagged is not None and tagged.strip():
+        return Extraction(tagged.strip(), "answer_tag", body, box_start, unclosed)
     found = last_match(_GSM8K_RE, body)
     if found is not None and found.group(1).strip():
         return Extraction(found.group(1).strip(), "gsm8k", body, box_start, unclosed)

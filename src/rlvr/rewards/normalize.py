@@ -1,6 +1,6 @@
 """Normalise an extracted answer so that equal answers become equal strings.
 
-Two outputs serve two comparisons:
+Three functions serve the three comparisons of the grader:
 
 - ``clean_latex`` keeps the answer valid LaTeX (delimiters, ``\\text{}`` wrappers, unit
   words and spacing commands removed) for the symbolic checker;
@@ -26,7 +26,8 @@ _SPACING_RE = re.compile(r"\\[,;:! ]|\\q?quad\b")
 _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
 _DEGREE_RE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°")
 _PERCENT_RE = re.compile(r"\\?%")
-_CURRENCY_RE = re.compile(r"^\\?\$\s*")
+# A leading "\$" or a lone "$" is a currency sign; "$5$ or $6$" keeps its math dollars.
+_CURRENCY_RE = re.compile(r"^(?:\\\$|\$(?!.*\$))\s*")
 _ASSIGN_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*\s*=\s*(?=\S)")
 # Units stripped only after a number and only if at least two letters long, so that a
 # single-letter variable ("5m", "3 x") is never mistaken for a unit.
@@ -87,12 +88,14 @@ def _strip_delimiters(text: str) -> str:
         changed = False
         text = text.strip()
         for left, right in _DELIMS:
+            inner = text[len(left) : len(text) - len(right)]
             if (
                 len(text) >= len(left) + len(right)
                 and text.startswith(left)
                 and text.endswith(right)
+                and left not in inner  # "$5$ or $6$" is two formulas, not one wrapped
             ):
-                text = text[len(left) : len(text) - len(right)]
+                text = inner
                 changed = True
                 break
     return text

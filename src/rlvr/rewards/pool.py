@@ -78,6 +78,9 @@ class SandboxPool:
                 break
             for worker in self.workers:
                 if queue and worker.ready and worker not in running:
+                    if not worker.alive:  # died while idle: replace it, lose no call
+                        worker.restart()
+                        continue
                     index = queue.popleft()
                     try:
                         worker.submit(*calls[index])

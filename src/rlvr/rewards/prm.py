@@ -72,8 +72,8 @@ def split_steps(
     answer = re.compile(answer_pattern, re.MULTILINE).search(response)
     body = response[: answer.start()] if answer else response
     starts = [m.start() for m in step_re.finditer(body)]
-    ends = starts[1:] + [len(body)]
-    return [body[s:e].strip() for s, e in zip(starts, ends, strict=True)]
+    ends = [*starts[1:], len(body)]
+    return [body[s:e].strip() for s, e in zip(starts, ends, strict=False)]
 
 
 def final_answer(response: str, answer_pattern: str = DEFAULT_ANSWER_PATTERN) -> str | None:

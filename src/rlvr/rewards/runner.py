@@ -43,7 +43,7 @@ from rlvr.rewards.registry import (
     is_user_target,
     make_builtin,
 )
-from rlvr.rewards.sandbox import resolve_target
+from rlvr.rewards.sandbox import WorkerDied, resolve_target
 
 __all__ = [
     "BatchRewards",
@@ -233,8 +233,12 @@ class RewardRunner:
             if spec.name in BUILTIN_REWARDS:
                 self._local[spec.name] = make_builtin(spec.name, self._builtin_kwargs(spec))
         self._pool: SandboxPool | None = None
-        if any(s.name not in BUILTIN_REWARDS for s in self.specs):
-            self._pool = SandboxPool(num_workers)
+        user_modules = tuple(
+            sorted({s.name.partition(":")[0] for s in self.specs if s.name not in BUILTIN_REWARDS})
+        )
+        if user_modules:
+            # Imported before a worker reports ready, so no call's time limit pays for it.
+            self._pool = SandboxPool(num_workers, preload=user_modules)
         if any(s.name in ("math", "psgrpo", "math_prm") for s in self.specs):
             symbolic.warm_up()  # its first use would otherwise wait for sympy to import
 
@@ -299,6 +303,9 @@ class RewardRunner:
         if len(set(sizes.values())) != 1:
             raise ValueError(f"score_batch needs lists of equal length, got {sizes}")
         count = len(prompts)
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ValueError(f"rows[{i}] must be a dict, got {type(row).__name__}")
         kwargs_per_sample = [
             {**{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS}, "truncated": bool(t)}
             for row, t in zip(rows, truncated, strict=True)
@@ -319,9 +326,12 @@ class RewardRunner:
                     (spec.name, a, {**k, **spec.kwargs})
                     for a, k in zip(triples, kwargs_per_sample, strict=True)
                 ]
-                outcomes[spec.name] = self._pool.map(
-                    calls, timeout_s=self.timeout_s, max_failures=max_failures
-                )
+                try:
+                    outcomes[spec.name] = self._pool.map(
+                        calls, timeout_s=self.timeout_s, max_failures=max_failures
+                    )
+                except WorkerDied as exc:  # cannot even start: a setup problem, not a sample's
+                    raise RewardFailureError(f"reward {spec.name!r}: {exc}") from exc
         result = self._combine(outcomes, count)
         invalid = count - sum(result.valid)
         if invalid > max_failures:

@@ -131,6 +131,10 @@ class SandboxWorker:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        except BaseException:
+            os.close(parent_read)
+            os.close(parent_write)
+            raise
         finally:
             os.close(child_read)
             os.close(child_write)
@@ -191,7 +195,11 @@ class SandboxWorker:
         try:
             msg = self.connection.recv()
         except (EOFError, OSError) as exc:
-            code = self._proc.poll() if self._proc is not None else None
+            code = None
+            if self._proc is not None:
+                # The pipe closes a moment before the process is reapable; wait for its code.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self._proc.wait(timeout=1.0)
             raise WorkerDied(f"worker process exited (exit code {code})") from exc
         if msg[0] == "ready":
             self.ready = True

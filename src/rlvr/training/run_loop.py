@@ -9,13 +9,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rlvr.eval.evaluator import EvalMode, evaluate
+from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
 from rlvr.telemetry.samples import write_samples
 from rlvr.telemetry.sinks import MetricsLogger
 from rlvr.telemetry.spikes import SpikeLog
-
-EVAL_SET = "heldout"
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
@@ -23,27 +21,6 @@ def write_status(run_dir: Path, state: str, **extra) -> None:
     tmp = run_dir / "status.json.tmp"
     tmp.write_text(json.dumps({"state": state, "time": time.time(), **extra}, indent=1))
     tmp.replace(run_dir / "status.json")
-
-
-def held_out_eval(trainer, step: int) -> tuple[dict, list[dict]]:
-    cfg, ctx = trainer.cfg, trainer.ctx
-    scores, records = evaluate(
-        trainer.engine,
-        trainer.tokenizer,
-        ctx.eval_rows[: cfg.eval.max_problems],
-        ctx.rewards,
-        template=cfg.data.template,
-        system_prompt=cfg.data.system_prompt,
-        mode=EvalMode("greedy"),
-        max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        stop=tuple(cfg.rollout.stop),
-    )
-    out = ctx.run_dir / "eval" / f"step_{step:06d}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(
-        json.dumps({"step": step, "set": EVAL_SET, "scores": scores, "records": records}, indent=1)
-    )
-    return {f"eval/{EVAL_SET}/{k}": v for k, v in scores.items()}, records
 
 
 def save_final(trainer) -> Path:
@@ -94,13 +71,12 @@ def run_training(trainer) -> dict:
     }
     t_run = time.perf_counter()
     try:
-        if cfg.eval.before_after and ctx.eval_rows:
-            t = time.perf_counter()
-            before, _ = held_out_eval(trainer, 0)
-            before_line = {"step": 0, **before, "time_eval": time.perf_counter() - t}
-            logger.log(before_line)
-            summary["before"] = before
-            print(f"[rlvr] before training: {_fmt_eval(before)}", flush=True)
+        evaluator = InTrainingEvaluator(trainer)
+        before = evaluator.before()
+        if before:
+            logger.log({"step": 0, **before})
+            summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
+            print(f"[rlvr] before training: {_fmt_eval(summary['before'])}", flush=True)
         bar = tqdm(
             range(trainer.step, cfg.train.max_steps),
             desc="train",
@@ -114,14 +90,10 @@ def run_training(trainer) -> dict:
             step = trainer.step
             metrics = {"step": step, **metrics}
             last = step == cfg.train.max_steps
-            scheduled = cfg.eval.every and step % cfg.eval.every == 0
-            if ctx.eval_rows and (scheduled or (last and cfg.eval.before_after)):
-                t = time.perf_counter()
-                scores, _ = held_out_eval(trainer, step)
-                metrics.update(scores)
-                metrics["time_eval"] = time.perf_counter() - t
-                if last:
-                    summary["after"] = scores
+            scores = evaluator.at_step(step, last)
+            metrics.update(scores)
+            if last and scores and "before" in summary:
+                summary["after"] = {k: v for k, v in scores.items() if k.startswith("eval/")}
             prompts, rows, groups, rewards = trainer._last_batch
             spikes.maybe_record(step, metrics.get("grad_norm_max", 0.0), metrics, prompts)
             if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
@@ -137,6 +109,13 @@ def run_training(trainer) -> dict:
                 write_health(run_dir, gate.events, stop)
             if stop is not None:
                 raise HealthStop(stop)
+            if evaluator.stop_reason:
+                (run_dir / "early_stop.json").write_text(
+                    json.dumps({"step": step, "reason": evaluator.stop_reason})
+                )
+                tqdm.write(f"[rlvr] early stop at step {step}: {evaluator.stop_reason}")
+                summary["early_stop"] = evaluator.stop_reason
+                break
         summary["final_model"] = str(save_final(trainer))
         summary["wall_time_s"] = time.perf_counter() - t_run
         summary["steps"] = trainer.step
