@@ -17,8 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rlvr.eval.config import EvalConfig
 from rlvr.rewards.runner import RewardSpec
 from rlvr.telemetry.health_config import HealthConfig
+from rlvr.training.lora_config import LoraConfig
 
 OBJECTIVES = ("drgrpo", "grpo", "rloo", "ppo", "maxent_listwise", "psgrpo_steps")
 TEMPLATES = ("chat", "r1", "qwen_math", "none")
@@ -30,17 +32,6 @@ class ConfigError(ValueError):
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class LoraConfig(Section):
-    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
-    rank: int = Field(16, gt=0, description="LoRA rank r.")
-    alpha: int = Field(32, gt=0, description="LoRA alpha (scale = alpha / rank).")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
-    target_modules: list[str] | str = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Module names to adapt; attention projections by default, or 'all-linear'.",
-    )
 
 
 class ModelConfig(Section):
@@ -181,20 +172,15 @@ class TrainConfig(Section):
         0, ge=0, description="Checkpoint every N steps (0: only the final model)."
     )
     max_checkpoints: int = Field(2, ge=1)
+    resume: str | None = Field(
+        None,
+        description="'auto' (newest complete checkpoint of run_name, if any) or a run directory.",
+    )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
     preflight_step: int = Field(20, ge=0, description="Pre-flight: check the LR at this step...")
     preflight_min_fraction: float = Field(
         0.3, gt=0.0, le=1.0, description="...is at least this x peak."
     )
-
-
-class EvalConfig(Section):
-    before_after: bool = Field(
-        True, description="Greedy eval on the held-out split before and after."
-    )
-    every: int = Field(0, ge=0, description="Also evaluate every N steps (0: never).")
-    max_problems: int = Field(100, gt=0)
-    max_new_tokens: int | None = Field(None, description="Default: rollout.max_new_tokens.")
 
 
 class LoggingConfig(Section):
