@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
+from rlvr.config_base import Section
 from rlvr.eval.config import EvalConfig
 from rlvr.rewards.runner import RewardSpec
 from rlvr.telemetry.health_config import HealthConfig
@@ -28,10 +29,6 @@ TEMPLATES = ("chat", "r1", "qwen_math", "none")
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names each bad knob."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelConfig(Section):
