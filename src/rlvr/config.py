@@ -121,6 +121,19 @@ class PPOConfig(Section):
     value_coef: float = Field(1.0, gt=0)
 
 
+class PSGRPOStepsConfig(Section):
+    prm: str | None = Field(
+        None,
+        description="PRM for objective psgrpo_steps: token-classification model folder or 'pkg.mod:fn'.",
+    )
+    step_pattern: str = Field(r"^Step \d+:", description="Regex (multiline) that starts a step.")
+    answer_pattern: str = Field(r"^†Answer:", description="Regex of the final answer line.")
+    tag_token: str = Field(
+        "ки", description="Token the HF PRM scores after each step (URSA style)."
+    )
+    label_index: int = 0
+
+
 class AlgoConfig(Section):
     objective: str = Field("drgrpo", description=f"One of {', '.join(OBJECTIVES)}.")
     group_size: int = Field(8, description="Samples per prompt (G).")
@@ -151,6 +164,7 @@ class AlgoConfig(Section):
     adv_eps: float = 1e-6
     maxent: MaxEntConfig = Field(default_factory=MaxEntConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
+    psgrpo: PSGRPOStepsConfig = Field(default_factory=PSGRPOStepsConfig)
 
 
 class TrainConfig(Section):
@@ -293,6 +307,10 @@ class Config(Section):
                 out.append(f"algo.maxent.q_temperature={m.q_temperature}: must be > 0")
             if k > 1 and not (0 < m.q_eps < 1.0 / k):
                 out.append(f"algo.maxent.q_eps={m.q_eps}: must be in (0, 1/K) = (0, {1.0 / k:.4g})")
+        if a.objective == "psgrpo_steps" and not a.psgrpo.prm:
+            out.append(
+                "algo.objective=psgrpo_steps needs algo.psgrpo.prm (a PRM model folder or 'pkg.mod:fn')"
+            )
         if self.rollout.engine == "hf" and self.rollout.sleep_during_update:
             out.append("rollout.sleep_during_update needs rollout.engine=vllm")
         if self.data.task == "file" and not self.data.train_path:

@@ -160,3 +160,69 @@ def test_reward_goes_up_on_a_learnable_task(tiny_model_dir, tmp_path, objective,
     end = sum(rewards[-3:]) / 3
     assert start < 0.1
     assert end > start + 0.3, rewards
+
+
+@pytest.fixture(scope="module")
+def tiny_prm_dir(tmp_path_factory) -> Path:
+    """A random token-classification PRM over the char tokenizer (tag token '@')."""
+    from transformers import AutoModelForTokenClassification, LlamaConfig
+
+    from rlvr.training.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    out = tmp_path_factory.mktemp("prm") / "prm"
+    AutoModelForTokenClassification.from_config(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_psgrpo_reward_with_a_token_classification_prm(tiny_model_dir, tiny_prm_dir, tmp_path):
+    """Scalar PS-GRPO reward scored by a tiny HF PRM; every lowercase letter starts a 'step' so the
+    PRM really scores steps of the random policy's text."""
+    spec = (
+        f"reward.specs=[{{name: psgrpo, kwargs: {{prm: '{tiny_prm_dir}', tag_token: '@', "
+        f"step_pattern: '[a-z]', min_steps: 0}}}}]"
+    )
+    cfg = tiny_config(tiny_model_dir, tmp_path, spec)
+    run_dir = Path(Trainer(cfg).fit()["run_dir"])
+    lines = [m for m in read_lines(run_dir) if "reward_mean" in m]
+    assert len(lines) == 3
+    for m in lines:
+        assert m["step_count"] > 0  # the PRM saw steps
+        for k in (
+            "reward_mean",
+            "policy_loss",
+            "grad_norm",
+            "has_drop_moment",
+            "max_relative_drop",
+        ):
+            assert math.isfinite(m[k]), k
+
+
+def test_psgrpo_steps_objective_gives_token_advantages(tiny_model_dir, tmp_path):
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        "algo.objective=psgrpo_steps",
+        "algo.psgrpo.prm=toy_rewards:toy_prm",
+        "algo.psgrpo.step_pattern='[a-z]'",
+        "rollout.max_new_tokens=16",
+    )
+    run_dir = Path(Trainer(cfg).fit()["run_dir"])
+    lines = [m for m in read_lines(run_dir) if "reward_mean" in m]
+    assert len(lines) == 3
+    for m in lines:
+        assert m["step_count_mean"] > 0 and 0 < m["step_score_mean"] <= 1.0
+        assert all(math.isfinite(m[k]) for k in ("policy_loss", "grad_norm", "adv_std"))
+    # token advantages vary across tokens, so some sequence-mean advantage is non-zero
+    assert any(m["adv_std"] > 0 for m in lines)

@@ -66,6 +66,18 @@ class Trainer:
             if cfg.algo.kl_target is not None
             else FixedKLController(cfg.algo.beta)
         )
+        self.step_scorer = None
+        if cfg.algo.objective == "psgrpo_steps":
+            from rlvr.rewards.registry import build_prm
+            from rlvr.training.psgrpo_steps import StepScorer
+
+            ps = cfg.algo.psgrpo
+            prm = (
+                build_prm(ps.prm)
+                if ":" in ps.prm
+                else build_prm(ps.prm, tag_token=ps.tag_token, label_index=ps.label_index)
+            )
+            self.step_scorer = StepScorer(prm, ps.step_pattern, ps.answer_pattern)
         self.step = 0
         self.history: list[dict] = []
 
@@ -144,7 +156,8 @@ class Trainer:
 
         lr_used = self.ctx.scheduler.get_last_lr()[0]
         t = time.perf_counter()
-        update_stats = self._update(seq_prompt_ids, seq_comp_ids, comps, scores, valid, metrics)
+        seq_prompts = [p for p in prompt_texts for _ in range(g)]
+        update_stats = self._update(seq_prompt_ids, seq_comp_ids, comps, scores, valid, seq_prompts)
         timings["time_update"] = time.perf_counter() - t - update_stats.pop("_time_reference", 0.0)
         timings["time_reference"] = update_stats.pop("_time_reference_total", 0.0)
 
@@ -169,7 +182,7 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ update
-    def _update(self, prompt_ids, comp_ids, comps, scores, valid, metrics) -> dict:
+    def _update(self, prompt_ids, comp_ids, comps, scores, valid, prompt_texts) -> dict:
         cfg, a = self.cfg, self.cfg.algo
         g, n = a.group_size, len(comp_ids)
         pad = self.tokenizer.pad_token_id
@@ -226,7 +239,15 @@ class Trainer:
             scores = scores - self.kl_ctl.value * pen
 
         adv_tokens = None
-        if a.objective == "ppo":
+        if a.objective == "psgrpo_steps":
+            adv_tokens, step_stats = self._psgrpo_step_advantages(
+                prompt_texts, comps, comp_ids, scores, valid
+            )
+            stats_out.update(step_stats)
+            seq_adv = torch.stack(
+                [adv_tokens[i][: max(1, len(comp_ids[i]))].mean() for i in range(n)]
+            )
+        elif a.objective == "ppo":
             adv_tokens, returns = self._ppo_advantages(
                 prompt_ids, comp_ids, scores, valid, old_values
             )
@@ -386,6 +407,35 @@ class Trainer:
                     logits = completion_logits(self.model, sb)
         lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
         return lp
+
+    def _psgrpo_step_advantages(self, prompt_texts, comps, comp_ids, scores, valid):
+        """Per-token advantages of PS-GRPO variant 2 (PRM step scores + group-normalised outcome)."""
+        from rlvr.algorithms import psgrpo_step_advantages
+
+        step_scores, step_ids = self.step_scorer(
+            self.tokenizer, prompt_texts, [c.text for c in comps], comp_ids
+        )
+        T = step_ids.shape[1]
+        mask = torch.zeros(len(comp_ids), T)
+        for i, c in enumerate(comp_ids):
+            mask[i, : len(c)] = 1.0
+        adv = psgrpo_step_advantages(
+            step_scores,
+            scores,
+            step_ids,
+            mask,
+            self.cfg.algo.group_size,
+            self.cfg.algo.adv_eps,
+            valid=valid,
+        )
+        counts = [len(s) for s in step_scores]
+        stats = {
+            "step_count_mean": float(np.mean(counts)),
+            "step_score_mean": float(np.mean([x for s in step_scores for x in s]))
+            if any(counts)
+            else 0.0,
+        }
+        return [adv[i, : len(c)] for i, c in enumerate(comp_ids)], stats
 
     def _ppo_advantages(self, prompt_ids, comp_ids, scores, valid, old_values):
         """GAE over tokens with the critic's values; the scalar reward sits on the last token."""
