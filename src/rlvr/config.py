@@ -100,6 +100,11 @@ class RolloutConfig(Section):
         1, ge=1, description="Push trained weights to the engine every N steps."
     )
     sleep_during_update: bool = Field(False, description="vLLM sleep/wake around the update (GPU).")
+    seed_per_prompt: bool = Field(
+        False,
+        description="Seed each prompt's samples separately (slower on the hf engine: one generate call "
+        "per prompt), so a run draws the same completions whatever the process count.",
+    )
 
 
 class MaxEntConfig(Section):
@@ -188,6 +193,10 @@ class TrainConfig(Section):
         description="'auto' (newest complete checkpoint of run_name, if any) or a run directory.",
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
+    parallel: Literal["fsdp2", "ddp"] = Field(
+        "fsdp2",
+        description="How several processes (torchrun) share the model: FSDP2 shards, DDP replicates.",
+    )
     preflight_step: int = Field(20, ge=0, description="Pre-flight: check the LR at this step...")
     preflight_min_fraction: float = Field(
         0.3, gt=0.0, le=1.0, description="...is at least this x peak."

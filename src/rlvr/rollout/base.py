@@ -20,6 +20,9 @@ class SamplingParams:
     max_new_tokens: int = 48
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # One seed per prompt: each prompt's samples then do not depend on which other prompts share
+    # the batch (or the process), so 1-process and N-process runs draw the same completions.
+    prompt_seeds: tuple[int, ...] | None = None
 
 
 @dataclass

@@ -19,12 +19,20 @@ class HFEngine:
     name = "hf"
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, batch_size: int = 64, autocast: bool = False
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        batch_size: int = 64,
+        autocast: bool = False,
+        synced: bool = False,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.autocast = autocast
+        # FSDP: every rank must run the same number of forward passes (HF's synced_gpus).
+        self.synced = synced
 
     def _autocast(self):
         if not self.autocast:
@@ -41,6 +49,17 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
+            if params.prompt_seeds is not None:
+                if len(params.prompt_seeds) != len(prompt_ids):
+                    raise ValueError(
+                        f"{len(params.prompt_seeds)} prompt seeds for {len(prompt_ids)} prompts"
+                    )
+                for i, ids in enumerate(prompt_ids):
+                    torch.manual_seed(params.prompt_seeds[i])
+                    for comp in self._generate_chunk([ids] * params.n, params):
+                        comp.prompt_index = i
+                        out[i].append(comp)
+                return out
             if params.seed is not None:
                 torch.manual_seed(params.seed)
             for start in range(0, len(flat), self.batch_size):
@@ -79,6 +98,8 @@ class HFEngine:
             )
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
+        if self.synced:
+            kwargs["synced_gpus"] = True
         with self._autocast():
             res = self.model.generate(
                 input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs

@@ -29,8 +29,10 @@ from rlvr.algorithms import (
 )
 from rlvr.config import Config
 from rlvr.data.templates import render_prompt
+from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.training.batching import PromptSampler, group_minibatches, micro_batches
+from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.objectives import MicroBatch, MinibatchCounts, micro_loss
 from rlvr.training.policy import build_sequence_batch, completion_logits, logprobs_and_entropy
 from rlvr.training.run_setup import RunContext, setup_run
@@ -55,6 +57,7 @@ class Trainer:
         self.ctx: RunContext = setup_run(cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)
         c = self.ctx
         self.model, self.tokenizer, self.engine = c.model, c.tokenizer, c.engine
+        self.dist: DistInfo = getattr(c, "dist", None) or DistInfo()
         self.sampler = PromptSampler(
             len(c.train_rows), cfg.algo.prompts_per_step, seed=cfg.train.seed
         )
@@ -119,7 +122,11 @@ class Trainer:
         t_step = time.perf_counter()
         seed = self._seed_step(self.step)
 
-        rows = [self.ctx.train_rows[i] for i in self.sampler.next_indices()]
+        # Every rank draws the same global prompts and keeps its own slice of whole prompts.
+        global_idx = self.sampler.next_indices()
+        per = len(global_idx) // self.dist.world_size
+        lo = self.dist.rank * per
+        rows = [self.ctx.train_rows[i] for i in global_idx[lo : lo + per]]
         prompt_texts, prompt_ids = self._prompt_ids(rows)
 
         t = time.perf_counter()
@@ -130,7 +137,10 @@ class Trainer:
             top_k=cfg.rollout.top_k,
             max_new_tokens=cfg.rollout.max_new_tokens,
             stop=tuple(cfg.rollout.stop),
-            seed=seed,
+            seed=seed + 7919 * self.dist.rank,
+            prompt_seeds=tuple(seed * 4099 + lo + j for j in range(len(rows)))
+            if cfg.rollout.seed_per_prompt
+            else None,
         )
         groups = self.engine.generate(prompt_ids, params)
         comps: list[Completion] = [c for grp in groups for c in grp]
@@ -152,7 +162,7 @@ class Trainer:
 
         seq_prompt_ids = [p for p in prompt_ids for _ in range(g)]
         seq_comp_ids = [c.token_ids for c in comps]
-        metrics = rollout_metrics(scores, valid, comps, rewards, cfg.rollout.max_new_tokens)
+        metrics = self._global_rollout_metrics(scores, valid, comps, rewards)
 
         lr_used = self.ctx.scheduler.get_last_lr()[0]
         t = time.perf_counter()
@@ -169,7 +179,7 @@ class Trainer:
         metrics.update(update_stats)
         metrics.update(timings)
         metrics["time_step"] = time.perf_counter() - t_step
-        gen_tokens = sum(len(c.token_ids) for c in comps)
+        gen_tokens = sum(len(c.token_ids) for c in comps) * self.dist.world_size
         metrics["gen_tokens_per_s"] = gen_tokens / max(timings["time_rollout"], 1e-9)
         metrics["train_tokens_per_s"] = (
             gen_tokens * a.epochs_per_batch / max(timings["time_update"], 1e-9)
@@ -221,6 +231,12 @@ class Trainer:
                         ref_logp[i] = ref[row, : len(comp_ids[i])]
                     t_ref += time.perf_counter() - t0
         stats_out: dict[str, float] = {}
+        if self.dist.enabled:
+            diffs = [
+                torch.tensor(x)
+                for part in all_gather_objects([d.tolist() for d in diffs], self.dist)
+                for x in part
+            ]
         if diffs:
             d = torch.cat(diffs)
             stats_out["logprob_diff_mean"] = float(d.abs().mean())
@@ -316,12 +332,15 @@ class Trainer:
             )
             for mb in group_minibatches(num_groups, g, a.minibatches, shuffle_seed=shuffle):
                 mb_valid = [i for i in mb if valid_flat[i]]
+                local = [
+                    len(mb_valid),
+                    sum(len(comp_ids[i]) for i in mb_valid),
+                    int(mx_active[[i // g for i in mb[::g]]].sum()) if mx_active is not None else 0,
+                ]
+                # denominators count the whole minibatch across ranks
+                seqs, toks, act = all_reduce_sum(local, self.dist)
                 counts = MinibatchCounts(
-                    sequences=len(mb_valid),
-                    tokens=sum(len(comp_ids[i]) for i in mb_valid),
-                    active_groups=int(mx_active[[i // g for i in mb[::g]]].sum())
-                    if mx_active is not None
-                    else 0,
+                    sequences=int(seqs), tokens=int(toks), active_groups=int(act)
                 )
                 opt.zero_grad(set_to_none=True)
                 for idx in micro_batches(mb, a.micro_batch_size):
@@ -367,7 +386,9 @@ class Trainer:
                         mbatch.returns = _pad_rows([returns[i] for i in idx], T)
                     loss, st = micro_loss(cfg, mbatch, counts, self.kl_ctl.value)
                     if torch.isfinite(loss):
-                        loss.backward()
+                        # FSDP/DDP average gradients over ranks; scaling by the world size makes
+                        # that average the sum that global denominators expect.
+                        (loss * self.dist.world_size).backward()
                     else:
                         st["nonfinite_loss"] = 1.0
                     all_stats.append(st)
@@ -375,7 +396,7 @@ class Trainer:
                 params = [p for p in self.model.parameters() if p.requires_grad]
                 params += list(self.ctx.extra_params())
                 gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
-                gn = float(gn)
+                gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
                 if not math.isfinite(gn) or any(
                     s.get("nonfinite_loss") for s in all_stats[-len(mb) :]
                 ):
@@ -387,6 +408,10 @@ class Trainer:
         sched.step()
         if "kl" in (all_stats[0] if all_stats else {}):
             self.kl_ctl.update(float(np.mean([s["kl"] for s in all_stats if "kl" in s])), n_steps=1)
+        if self.dist.enabled:  # pool every rank's micro-batch statistics and entropies
+            gathered = all_gather_objects((all_stats, [e.tolist() for e in entropies]), self.dist)
+            all_stats = [st for stats, _ in gathered for st in stats]
+            entropies = [torch.tensor(e) for _, ents in gathered for e in ents]
         stats_out.update(summarize_update_stats(all_stats, entropies, grad_norms))
         stats_out["nonfinite_skipped"] = float(skipped > 0)
         stats_out["_time_reference_total"] = t_ref
@@ -407,6 +432,21 @@ class Trainer:
                     logits = completion_logits(self.model, sb)
         lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
         return lp
+
+    def _global_rollout_metrics(self, scores, valid, comps, rewards) -> dict:
+        """Rollout metrics over every rank's completions (each rank holds a slice of the batch)."""
+        if self.dist.enabled:
+            parts = all_gather_objects((scores, valid, comps, rewards), self.dist)
+            scores = torch.cat([p[0] for p in parts])
+            valid = torch.cat([p[1] for p in parts])
+            comps = [c for p in parts for c in p[2]]
+            rewards = BatchRewards(
+                scores=[x for p in parts for x in p[3].scores],
+                infos=[x for p in parts for x in p[3].infos],
+                valid=[x for p in parts for x in p[3].valid],
+                failures=[x for p in parts for x in p[3].failures],
+            )
+        return rollout_metrics(scores, valid, comps, rewards, self.cfg.rollout.max_new_tokens)
 
     def _psgrpo_step_advantages(self, prompt_texts, comps, comp_ids, scores, valid):
         """Per-token advantages of PS-GRPO variant 2 (PRM step scores + group-normalised outcome)."""
