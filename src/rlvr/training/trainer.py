@@ -283,31 +283,16 @@ class Trainer:
         mx_w = mx_active = old_seq = None
         if a.objective == "maxent_listwise":
             m = a.maxent
-            old_seq = torch.stack(
-                [
-                    sequence_logp(
-                        old_logp[i].view(1, -1),
-                        torch.ones(1, len(comp_ids[i])),
-                        m.length_normalize_policy,
-                    )[0]
-                    if len(comp_ids[i])
-                    else torch.tensor(0.0)
-                    for i in range(n)
-                ]
+            width = max(1, max(len(c) for c in comp_ids))
+            lengths_mask = _pad_rows([torch.ones(len(c)) for c in comp_ids], width)
+            old_seq = sequence_logp(
+                _pad_rows(old_logp, width), lengths_mask, m.length_normalize_policy
             )
             if a.beta > 0:
-                ref_seq = torch.stack(
-                    [
-                        sequence_logp(
-                            ref_logp[i].view(1, -1),
-                            torch.ones(1, len(comp_ids[i])),
-                            m.length_normalize_ref,
-                        )[0]
-                        if len(comp_ids[i])
-                        else torch.tensor(0.0)
-                        for i in range(n)
-                    ]
-                ).view(-1, g)
+                ref_seq = sequence_logp(
+                    _pad_rows(ref_logp, width), lengths_mask, m.length_normalize_ref
+                )
+                ref_seq = ref_seq.view(-1, g)
             else:
                 ref_seq = torch.zeros_like(scores)
             _, mx_w = maxent_weights(scores, ref_seq, m.tau, a.beta, m.q_temperature, m.q_eps)
