@@ -327,6 +327,9 @@ class Config(Section):
         for p in (self.data.train_path, self.data.eval_path):
             if p and not Path(p).exists():
                 out.append(f"data file {p} does not exist")
+        for i, es in enumerate(self.eval.sets):
+            if es.path and not Path(es.path).exists():
+                out.append(f"eval.sets[{i}] ({es.name}): file {es.path} does not exist")
         if self.data.task not in ("arithmetic", "countdown", "file"):
             out.append(
                 f"data.task={self.data.task!r} is unknown; known: arithmetic, countdown, file"
@@ -439,6 +442,10 @@ def _parse_value(text: str) -> Any:
     # YAML 1.1 reads "2e-6" as a string; numbers in exponent form are common in overrides.
     if re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", text):
         return float(text)
+    # YAML 1.1 turns on/off/yes/no into booleans; keep them as words (pydantic still reads them
+    # as booleans where a field is boolean, and `model.autocast=off` stays the word "off").
+    if text.lower() in ("on", "off", "yes", "no", "y", "n"):
+        return text
     return yaml.safe_load(text) if text != "" else ""
 
 

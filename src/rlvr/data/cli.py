@@ -40,8 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersActi
     )
     commands = data.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
     _add_prepare(commands)
-    # `rlvr data filter-difficulty` (keep prompts the current model solves sometimes but not
-    # always) needs the rollout engine, so rlvr.cli adds it to the group returned here.
+    _add_filter_difficulty(commands)
     return commands
 
 
@@ -100,6 +99,53 @@ def _add_prepare(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
     parser.set_defaults(func=cmd_prepare)
+
+
+FILTER_EXAMPLE = """\
+example:
+  rlvr data filter-difficulty --model runs/RUN --data data/math/train.jsonl --k 8 \\
+      --out data/math/train_mixed.jsonl
+
+  samples 8 responses per prompt with the run's final model, template, rollout settings
+  and reward, keeps the prompts solved by some but not all samples (0 < rate < 1), and
+  writes them with their solve_rate, plus train_mixed.jsonl.summary.json with the counts.
+"""
+
+
+def _add_filter_difficulty(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "filter-difficulty",
+        help="keep prompts the model solves sometimes but not always (mixed-outcome groups)",
+        description=(
+            "Sample K responses per prompt through the training path (template, rollout "
+            "engine, reward) and keep prompts whose solve rate lies strictly between "
+            "--min-rate and --max-rate."
+        ),
+        epilog=FILTER_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="run directory, model or LoRA adapter folder")
+    p.add_argument("--data", required=True, help="JSONL/JSON/CSV/Parquet file of problems")
+    p.add_argument("--out", required=True, help="kept rows (JSONL)")
+    p.add_argument("--k", type=int, default=8, help="samples per prompt (default 8)")
+    p.add_argument("--min-rate", type=float, default=0.0, help="keep rate > this (default 0)")
+    p.add_argument("--max-rate", type=float, default=1.0, help="keep rate < this (default 1)")
+    p.add_argument(
+        "-c", "--config", help="config YAML for template/reward/rollout (default: the run's)"
+    )
+    p.add_argument("--base", help="base model of a LoRA adapter")
+    p.add_argument("--temperature", type=float, help="default: rollout.temperature")
+    p.add_argument("--seed", type=int, help="sampling seed (default: train.seed)")
+    p.add_argument("--records", help="also write every prompt's responses and grades (JSON)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    p.set_defaults(func=cmd_filter_difficulty)
+
+
+def cmd_filter_difficulty(args: argparse.Namespace) -> int:
+    """Imported on use: the filter needs torch and the rollout engine, `prepare` does not."""
+    from rlvr.data.filter_difficulty import cmd_filter_difficulty as run
+
+    return run(args)
 
 
 def parse_splits(text: str) -> dict[str, int | float]:

@@ -1,111 +1,196 @@
-"""`rlvr eval`: evaluate a model, checkpoint or run directory with named modes."""
+"""`rlvr eval`: evaluate a run, checkpoint, model or LoRA adapter with named modes.
+
+Results go to one JSON file in the format the in-training evaluator writes (results per set,
+per-problem records per set and mode) and to a printed table whose columns carry the mode's
+name (greedy_pass@1, sampling_pass@k, maj@k, mean_acc@k), so modes are never conflated.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
+EVAL_EXAMPLES = """\
+examples:
+  rlvr eval runs/drgrpo-arithmetic-20250101-120000          # its final model, sets and modes
+  rlvr eval runs/RUN/best --sets heldout,ood_probe           # the best eval's saved model
+  rlvr eval runs/RUN --modes greedy,sampling --k 8 --temperature 0.6
+  rlvr eval path/to/model --data probe.jsonl -c run.yaml     # any model on any file
+  rlvr eval path/to/lora_adapter --base path/to/base --data probe.jsonl
+"""
+
 
 def add_eval_args(p: argparse.ArgumentParser) -> None:
+    p.description = "Evaluate a model with the same template, generation and grading as training."
+    p.epilog = EVAL_EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument(
         "model",
-        help="run directory (uses its final model and config), model folder, "
-        "LoRA adapter folder, .gguf file or hub id",
+        help="run directory (uses its final model and config), a folder inside one, model "
+        "folder, LoRA adapter folder, .gguf file or hub id",
     )
     p.add_argument(
         "--run",
-        help="run directory whose config gives task, template and reward "
-        "(default: MODEL itself when it is a run directory)",
+        help="run directory whose config.yaml gives data, template and reward "
+        "(default: the run MODEL is in, if any)",
     )
     p.add_argument("-c", "--config", help="config YAML for data/template/reward (instead of --run)")
+    p.add_argument("--base", help="base model of a LoRA adapter (default: see rlvr.eval.loading)")
     p.add_argument(
-        "--data", help="JSONL/CSV/Parquet file to evaluate (default: the config's held-out split)"
+        "--data", help="JSONL/JSON/CSV/Parquet file to evaluate (default: the config's eval sets)"
     )
+    p.add_argument("--name", help="set name for --data (default: the file's stem)")
+    p.add_argument("--sets", help="comma list of the config's eval sets to run (default: all)")
     p.add_argument(
-        "--modes", default="greedy", help="comma list of greedy, sampling (default greedy)"
+        "--modes", help="comma list of greedy, sampling (default: the config's eval.modes)"
     )
-    p.add_argument("--k", type=int, default=8, help="samples per problem for sampling mode")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling mode temperature")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-problems", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--out", help="results JSON (default: RUN/eval/offline.json or ./eval.json)")
+    p.add_argument("--k", type=int, help="samples per problem for sampling mode")
+    p.add_argument("--temperature", type=float, help="sampling mode temperature")
+    p.add_argument("--top-p", type=float, help="sampling mode top-p")
+    p.add_argument("--max-problems", type=int, help="problems per set (default eval.max_problems)")
+    p.add_argument("--max-new-tokens", type=int, help="default: eval.max_new_tokens")
+    p.add_argument(
+        "--out", help="results JSON (default: RUN/eval/offline_<model>.json, else ./eval.json)"
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
 
 
-def _resolve(args) -> tuple[str, Path | None]:
-    model = Path(args.model)
-    run = Path(args.run) if args.run else None
-    if run is None and (model / "config.yaml").exists() and (model / "final").exists():
-        run, model = model, model / "final"
-    return str(model), run
+def _cli_overrides(args: argparse.Namespace) -> list[str]:
+    """Flags that restate config knobs become dotted overrides, validated with the rest.
+
+    Offline evaluation records no best step, so best_metric / early_stop.metric are cleared
+    (they may name sets or modes that --data / --modes replace).
+    """
+    out = ["eval.best_metric=null", "eval.early_stop.metric=null"]
+    if args.max_problems is not None:
+        out.append(f"eval.max_problems={args.max_problems}")
+    if args.max_new_tokens is not None:
+        out.append(f"eval.max_new_tokens={args.max_new_tokens}")
+    flags = {"k": args.k, "temperature": args.temperature, "top_p": args.top_p}
+    sampling = {"kind": "sampling", **{key: v for key, v in flags.items() if v is not None}}
+    if args.modes is not None:
+        modes: list[object] = []
+        for kind in (m.strip() for m in args.modes.split(",") if m.strip()):
+            if kind not in ("greedy", "sampling"):
+                raise ValueError(f"--modes: unknown mode {kind!r}; known: greedy, sampling")
+            modes.append("greedy" if kind == "greedy" else sampling)
+        out.append(f"eval.modes={json.dumps(modes)}")  # JSON is YAML: parsed like any override
+    elif len(sampling) > 1:
+        raise ValueError("--k / --temperature / --top-p need --modes with sampling")
+    return out
 
 
-def run_eval(args: argparse.Namespace) -> int:
-    from rlvr.config import load_config
-    from rlvr.data.loaders import load_rows
-    from rlvr.eval.evaluator import EvalMode, evaluate
-    from rlvr.eval.metrics import format_table
-    from rlvr.rewards.runner import RewardRunner
-    from rlvr.rollout.hf import HFEngine
-    from rlvr.training.policy import bf16_supported, load_model_and_tokenizer
-    from rlvr.training.run_setup import load_rows_for, reward_specs
+def results_table(results: dict, problems: dict[str, int]) -> dict:
+    """One row per set: its problem count, then every metric (named after its mode)."""
+    return {
+        name: {
+            "problems": problems[name],
+            **{key: v for key, v in scores.items() if not key.endswith("num_prompts")},
+        }
+        for name, scores in results.items()
+    }
 
-    model_path, run = _resolve(args)
-    cfg_path = args.config or (run / "config.yaml" if run else None)
-    cfg = load_config(cfg_path, args.overrides)
+
+def _offline_sets(args: argparse.Namespace, cfg) -> list:
+    """One set from --data, else the config's sets (all, or those named by --sets)."""
+    from rlvr.config import ConfigError
+    from rlvr.eval.evaluator import EvalMode, EvalSet
+    from rlvr.eval.sets import build_eval_sets
+    from rlvr.training.run_setup import load_rows_for
+
     if args.data:
+        from rlvr.data.loaders import load_rows
+
         rows = load_rows(
             args.data,
             prompt_field=cfg.data.prompt_field,
             answer_field=cfg.data.answer_field,
             system_prompt=cfg.data.system_prompt,
+            limit=cfg.eval.max_problems,
         )
-    else:
-        _, rows = load_rows_for(cfg)
-    rows = rows[: args.max_problems or cfg.eval.max_problems]
-    model, tok = load_model_and_tokenizer(model_path)
-    engine = HFEngine(model, tok, batch_size=cfg.rollout.batch_size, autocast=bf16_supported("cpu"))
+        modes = tuple(EvalMode.from_config(m) for m in cfg.eval.modes)
+        return [EvalSet(args.name or Path(args.data).stem, rows, modes)]
+    cache: dict[str, tuple[list[dict], list[dict]]] = {}
+
+    def split(index: int) -> list[dict]:  # 0 train, 1 held-out; built once, only if needed
+        if "rows" not in cache:
+            cache["rows"] = load_rows_for(cfg)
+        return cache["rows"][index]
+
+    only = [s.strip() for s in args.sets.split(",") if s.strip()] if args.sets else None
+    sets = build_eval_sets(
+        cfg, heldout_rows=lambda: split(1), train_rows=lambda: split(0), only=only
+    )
+    if not sets:
+        raise ConfigError("nothing to evaluate: the config has no held-out split; pass --data FILE")
+    return sets
+
+
+def _out_path(args: argparse.Namespace, source) -> Path:
+    """--out, else RUN/eval/offline_<what>.json (final, best, step_000020), else ./eval.json."""
+    if args.out:
+        return Path(args.out)
+    if source.run_dir is None:
+        return Path("eval.json")
+    model = Path(source.model).resolve()
+    run = source.run_dir.resolve()
+    parts = model.relative_to(run).parts if model.is_relative_to(run) else (model.name,)
+    name = "_".join(p for p in parts if p not in ("checkpoints", "model")) or model.name
+    return source.run_dir / "eval" / f"offline_{name}.json"
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """`rlvr eval`: load, evaluate every set in every mode, write the JSON, print the table."""
+    from rlvr.config import load_config
+    from rlvr.eval.evaluator import eval_payload, evaluate_sets, write_eval_file
+    from rlvr.eval.loading import eval_engine, load_policy, resolve_source
+    from rlvr.eval.metrics import format_table
+    from rlvr.rewards.runner import RewardRunner
+    from rlvr.training.run_setup import reward_specs
+
+    if args.data and args.sets:
+        raise ValueError("--sets picks the config's eval sets; it cannot be used with --data")
+    source = resolve_source(args.model, args.run)
+    cfg_path = args.config or (source.run_dir / "config.yaml" if source.run_dir else None)
+    overrides = [*args.overrides, *_cli_overrides(args)]
+    if args.data:
+        overrides.append("eval.sets=[]")  # --data replaces the config's sets by one set
+    cfg = load_config(cfg_path, overrides)
+    sets = _offline_sets(args, cfg)  # data errors surface before a model loads
+    model, tokenizer, base = load_policy(
+        source, cfg, base=args.base, config_given=cfg_path is not None
+    )
+    engine = eval_engine(cfg, model, tokenizer)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )
-    results, all_records = {}, {}
-    max_new = args.max_new_tokens or cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     try:
-        for name in [m.strip() for m in args.modes.split(",") if m.strip()]:
-            if name not in ("greedy", "sampling"):
-                raise ValueError(f"--modes: unknown mode {name!r}; known: greedy, sampling")
-            mode = EvalMode(
-                name,
-                k=1 if name == "greedy" else args.k,
-                temperature=args.temperature,
-                top_p=args.top_p,
-            )
-            scores, records = evaluate(
-                engine,
-                tok,
-                rows,
-                rewards,
-                template=cfg.data.template,
-                system_prompt=cfg.data.system_prompt,
-                mode=mode,
-                max_new_tokens=max_new,
-                stop=tuple(cfg.rollout.stop),
-            )
-            results.update(scores)
-            all_records[name] = records
+        outcome = evaluate_sets(
+            engine,
+            tokenizer,
+            sets,
+            rewards,
+            template=cfg.data.template,
+            system_prompt=cfg.data.system_prompt,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            stop=tuple(cfg.rollout.stop),
+            seed=cfg.eval.seed,
+        )
     finally:
         rewards.close()
-    out = (
-        Path(args.out)
-        if args.out
-        else ((run / "eval" / "offline.json") if run else Path("eval.json"))
+        engine.close()
+    out = write_eval_file(
+        _out_path(args, source),
+        eval_payload(
+            outcome,
+            model=source.model,
+            base=base,
+            run=str(source.run_dir) if source.run_dir else None,
+            modes={s.name: [dataclasses.asdict(m) for m in s.modes] for s in sets},
+        ),
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"model": model_path, "results": results, "records": all_records}, indent=1)
-    )
-    print(format_table(results))
+    print(format_table(results_table(outcome.results, {s.name: len(s.rows) for s in sets})))
     print(f"records: {out}")
     return 0

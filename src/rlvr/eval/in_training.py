@@ -1,57 +1,146 @@
-"""Evaluation during training: before/after on the held-out split and scheduled evals.
+"""Evaluation during training: named sets before, on schedule and after; best step; early stop.
 
-The run loop calls only ``before()``, ``at_step(step, last)`` and reads ``stop_reason``.
+The run loop calls ``before()``, ``at_step(step, last)`` (each returns the metrics to log, or
+{}) and reads ``stop_reason`` after every step; a checkpoint saves ``state_dict()`` and a
+resumed run restores it with ``load_state_dict()``. Per eval it writes
+``RUN_DIR/eval/step_<step>.json`` (results and per-problem records, the same format as
+``rlvr eval``) and, whenever the chosen metric reaches a new best, ``RUN_DIR/best.json``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+from pathlib import Path
 
-from rlvr.eval.evaluator import EvalMode, evaluate
+from rlvr.eval.early_stop import EarlyStopper
+from rlvr.eval.evaluator import EvalSet, eval_payload, evaluate_sets, write_eval_file
+from rlvr.eval.sets import build_eval_sets
 
-EVAL_SET = "heldout"
+BEST_FILE = "best.json"
+BEST_DIR = "best"
 
 
 class InTrainingEvaluator:
-    def __init__(self, trainer):
+    """Scheduled evaluations of one run. ``trainer`` gives cfg, ctx, engine, tokenizer, model."""
+
+    def __init__(self, trainer) -> None:
         self.trainer = trainer
         self.cfg = trainer.cfg
         self.ctx = trainer.ctx
+        ev = self.cfg.eval
+        self.sets: list[EvalSet] = build_eval_sets(
+            self.cfg,
+            heldout_rows=lambda: self.ctx.eval_rows,
+            train_rows=lambda: self.ctx.train_rows,
+        )
+        self.best_metric = ev.best_metric_name()
+        self.best: dict | None = None  # {"metric", "step", "value"}
+        self.stopper: EarlyStopper | None = None
+        if ev.early_stop.enabled:
+            self.stopper = EarlyStopper(
+                ev.early_stop_metric_name(),
+                mode="max",
+                patience=ev.early_stop.patience,
+                min_delta=ev.early_stop.min_delta,
+            )
         self.stop_reason: str | None = None
 
     @property
     def enabled(self) -> bool:
-        return bool(self.ctx.eval_rows)
+        return bool(self.sets)
 
-    def _run(self, step: int) -> dict:
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best eval of ``best_metric`` so far (ties keep the earlier step)."""
+        return None if self.best is None else self.best["step"]
+
+    # ------------------------------------------------------------------ evaluation
+    def _evaluate(self, step: int) -> dict:
+        """Run every set; write eval/step_<step>.json; return ``eval/<set>/<metric>`` scores."""
         cfg, ctx = self.cfg, self.ctx
         t = time.perf_counter()
-        scores, records = evaluate(
+        outcome = evaluate_sets(
             self.trainer.engine,
             self.trainer.tokenizer,
-            ctx.eval_rows[: cfg.eval.max_problems],
+            self.sets,
             ctx.rewards,
             template=cfg.data.template,
             system_prompt=cfg.data.system_prompt,
-            mode=EvalMode("greedy"),
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             stop=tuple(cfg.rollout.stop),
+            seed=cfg.eval.seed,
         )
-        out = ctx.run_dir / "eval" / f"step_{step:06d}.json"
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(
-            json.dumps(
-                {"step": step, "set": EVAL_SET, "scores": scores, "records": records}, indent=1
-            )
+        write_eval_file(
+            Path(ctx.run_dir) / "eval" / f"step_{step:06d}.json",
+            eval_payload(outcome, step=step),
         )
-        metrics = {f"eval/{EVAL_SET}/{k}": v for k, v in scores.items()}
+        metrics = outcome.metrics()
         metrics["time_eval"] = time.perf_counter() - t
         return metrics
 
+    def _record(self, step: int, metrics: dict) -> None:
+        """Update the best step and the early-stopping state from one eval's metrics."""
+        if self.best_metric not in metrics:
+            raise ValueError(
+                f"eval.best_metric {self.best_metric!r} is missing from the eval at step {step} "
+                f"(got {sorted(k for k in metrics if k.startswith('eval/'))})"
+            )
+        value = float(metrics[self.best_metric])
+        if self.best is None or value > self.best["value"]:
+            self.best = {"metric": self.best_metric, "step": step, "value": value}
+            self._write_best()
+        if self.stopper is None:
+            return
+        history = self.stopper.history
+        if history and step <= history[-1][0]:
+            return  # a resumed run re-evaluating a step it already counted
+        if self.stopper.update(step, float(metrics[self.stopper.metric])):
+            self.stop_reason = self._stop_sentence()
+
+    def _stop_sentence(self) -> str:
+        assert self.stopper is not None
+        es = self.cfg.eval.early_stop
+        # EarlyStopper.reason reads "stop: <metric> got worse ... -> v (step s); best ...".
+        return (
+            self.stopper.reason.removeprefix("stop: ").rstrip(".")
+            + f" (eval.early_stop.patience={es.patience}, min_delta={es.min_delta:g})."
+        )
+
+    def _write_best(self, save_model: bool = True) -> None:
+        run_dir = Path(self.ctx.run_dir)
+        best = dict(self.best or {})
+        if self.cfg.eval.save_best and save_model:
+            best["model"] = str(self._save_best_model(run_dir / BEST_DIR))
+        tmp = run_dir / (BEST_FILE + ".tmp")
+        tmp.write_text(json.dumps(best, indent=1))
+        tmp.replace(run_dir / BEST_FILE)
+
+    def _save_best_model(self, out: Path) -> Path:
+        """The current model (or LoRA adapter) and tokenizer, replacing ``out`` atomically."""
+        tmp = out.with_name(out.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.trainer.model.save_pretrained(tmp)
+        self.trainer.tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+        return out
+
+    def _run(self, step: int) -> dict:
+        metrics = self._evaluate(step)
+        self._record(step, metrics)
+        return metrics
+
+    # ------------------------------------------------------------------ run-loop hooks
     def before(self) -> dict:
-        """Metrics of the evaluation before the first step ({} when not configured)."""
-        if not (self.enabled and self.cfg.eval.before_after):
+        """Metrics of the evaluation before the first step ({} when not configured).
+
+        A resumed run (trainer.step > 0) already has its baseline and skips it.
+        """
+        if not (self.enabled and self.cfg.eval.before_after) or self.trainer.step > 0:
             return {}
         return self._run(0)
 
@@ -59,7 +148,40 @@ class InTrainingEvaluator:
         """Metrics of a scheduled (or final) evaluation at ``step``, else {}."""
         if not self.enabled:
             return {}
-        scheduled = self.cfg.eval.every and step % self.cfg.eval.every == 0
+        every = self.cfg.eval.every
+        scheduled = every > 0 and step % every == 0
         if scheduled or (last and self.cfg.eval.before_after):
             return self._run(step)
         return {}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Plain data for a checkpoint: the best eval and the early-stopping history."""
+        return {
+            "best": dict(self.best) if self.best else None,
+            "early_stop": self.stopper.state_dict() if self.stopper else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``; a changed early-stop metric starts a fresh count."""
+        best = state.get("best")
+        if best is not None and best.get("metric") == self.best_metric:
+            self.best = {
+                "metric": best["metric"],
+                "step": int(best["step"]),
+                "value": float(best["value"]),
+            }
+        # best.json may name a step after the checkpoint, which the resumed run will redo.
+        (Path(self.ctx.run_dir) / BEST_FILE).unlink(missing_ok=True)
+        if self.best is not None:
+            self._write_best(save_model=False)
+        saved = state.get("early_stop")
+        if self.stopper is None or saved is None:
+            return
+        try:
+            self.stopper.load_state_dict(saved)
+        except ValueError as exc:
+            print(f"[rlvr] early stopping restarts its count: {exc}", flush=True)
+            return
+        if self.stopper.stopped:
+            self.stop_reason = self._stop_sentence()

@@ -1,0 +1,134 @@
+"""Find and load what an offline evaluation points at, with the run's own settings.
+
+`rlvr eval` and `rlvr data filter-difficulty` accept a run directory (its ``final/`` model and
+``config.yaml``), a folder inside one (``RUN/final``, ``RUN/best``, a checkpoint
+``RUN/checkpoints/step_N``), a model folder, a saved LoRA adapter folder, a ``.gguf`` file or a hub id. A LoRA adapter is loaded on
+its base model with peft, unmerged, exactly as training ran it. The base comes from ``--base``,
+else the path recorded in ``adapter_config.json`` when it exists here, else the run config's
+``model.name_or_path``, so a run directory copied to another machine still evaluates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvr.training.policy import ModelLoadError, bf16_supported, load_model_and_tokenizer
+from rlvr.training.run_setup import build_engine, pick_device
+
+RUN_MARKERS = ("metrics.jsonl", "status.json")
+ADAPTER_CONFIG = "adapter_config.json"
+CHECKPOINT_MODEL = "model"  # rlvr.training.checkpoint.MODEL_DIR
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """model: the folder, file or hub id to load; run_dir: the run whose config applies."""
+
+    model: str
+    run_dir: Path | None
+    is_adapter: bool
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() and any((path / m).exists() for m in RUN_MARKERS)
+
+
+def find_run_dir(path: Path, levels: int = 3) -> Path | None:
+    """``path`` or one of its ``levels`` nearest parents that is a run directory."""
+    for candidate in [path, *list(path.parents)[:levels]]:
+        if is_run_dir(candidate):
+            return candidate
+    return None
+
+
+def resolve_source(model: str, run: str | None = None) -> ModelSource:
+    """Work out what ``model`` names and which run directory (if any) describes it."""
+    run_dir = Path(run).expanduser() if run else None
+    if run_dir is not None and not (run_dir / "config.yaml").is_file():
+        raise ValueError(f"--run {run_dir}: no config.yaml there (not a run directory)")
+    path = Path(model).expanduser()
+    if not path.exists():
+        return ModelSource(model, run_dir, False)  # a hub id (or a path load will report)
+    if (path / CHECKPOINT_MODEL).is_dir() and not (path / "config.json").exists():
+        path = path / CHECKPOINT_MODEL  # a training checkpoint: RUN/checkpoints/step_N/model
+    if path.is_dir() and is_run_dir(path):
+        final = path / "final"
+        if not final.is_dir():
+            status = path / "status.json"
+            state = json.loads(status.read_text()).get("state") if status.exists() else "unknown"
+            raise ValueError(
+                f"run directory {path} has no final/ model (run state: {state}); "
+                "name a checkpoint folder inside it instead"
+            )
+        return ModelSource(str(final), run_dir or path, (final / ADAPTER_CONFIG).exists())
+    if path.is_dir() and not any((path / f).exists() for f in ("config.json", ADAPTER_CONFIG)):
+        raise ModelLoadError(
+            f"{path} is not a model folder (no config.json), a LoRA adapter folder (no "
+            f"{ADAPTER_CONFIG}) or a run directory (no config.yaml + metrics.jsonl)"
+        )
+    run_dir = run_dir or find_run_dir(path.resolve().parent)
+    return ModelSource(str(path), run_dir, path.is_dir() and (path / ADAPTER_CONFIG).exists())
+
+
+def adapter_base(adapter_dir: Path, *, explicit: str | None, config_base: str | None) -> str:
+    """The base model to load a LoRA adapter on (see the module docstring for the order)."""
+    if explicit:
+        return explicit
+    recorded = json.loads((adapter_dir / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if recorded and Path(recorded).expanduser().exists():
+        return recorded
+    if config_base:
+        return config_base
+    if recorded:
+        return recorded  # a hub id: works where the hub or its cache is reachable
+    raise ValueError(f"LoRA adapter {adapter_dir} names no base model; pass --base MODEL")
+
+
+def load_policy(
+    source: ModelSource, cfg, *, base: str | None = None, config_given: bool = False
+) -> tuple[torch.nn.Module, object, str | None]:
+    """(model, tokenizer, base model used or None) in the config's dtype, on its device.
+
+    ``train.threads`` applies here as in training (the same thread count keeps the arithmetic,
+    and so greedy decoding, identical between the two).
+    """
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+    device = str(pick_device(cfg.model.device))
+    if not source.is_adapter:
+        if base:
+            raise ValueError(f"--base is only for LoRA adapters; {source.model} is a full model")
+        model, tokenizer = load_model_and_tokenizer(source.model, dtype=dtype, device=device)
+        return model, tokenizer, None
+    from peft import PeftModel
+    from transformers import AutoTokenizer
+
+    adapter = Path(source.model)
+    base_name = adapter_base(
+        adapter, explicit=base, config_base=cfg.model.name_or_path if config_given else None
+    )
+    try:
+        model, tokenizer = load_model_and_tokenizer(base_name, dtype=dtype, device=device)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"base model of LoRA adapter {adapter}: {exc}; pass --base") from exc
+    model = PeftModel.from_pretrained(model, str(adapter)).to(device)
+    if (adapter / "tokenizer_config.json").exists():  # the run saved its tokenizer beside it
+        tokenizer = AutoTokenizer.from_pretrained(str(adapter))
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+    return model, tokenizer, base_name
+
+
+def eval_engine(cfg, model, tokenizer):
+    """The rollout engine the run's config asks for, with the trainer's autocast rule."""
+    device = next(model.parameters()).device
+    autocast = cfg.model.autocast == "bf16" or (
+        cfg.model.autocast == "auto" and bf16_supported(device)
+    )
+    return build_engine(cfg, model, tokenizer, autocast)
