@@ -1,4 +1,4 @@
-"""The `rlvr` command: train | eval | data | preflight | report | doctor."""
+"""The `rlvr` command: train | eval | data | preflight | report | merge | doctor."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ examples:
   rlvr train                                    # Dr.GRPO on the built-in arithmetic task, default model
   rlvr train -c run.yaml algo.group_size=4 train.lr=2e-6
   rlvr train algo.objective=maxent_listwise algo.maxent.tau=0.5
+  rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
+  rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
   rlvr preflight -c run.yaml                    # the LR schedule the run will use, and its checks
   rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
   rlvr report runs/a runs/b                     # plots + one HTML page, runs overlaid
@@ -38,12 +40,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlvr.config import load_config
     from rlvr.telemetry.health import HealthStop
     from rlvr.training.trainer import Trainer
 
-    cfg = load_config(args.config, args.overrides)
-    cfg.validate()
+    cfg = _train_config(args)
     try:
         Trainer(cfg).fit()
     except HealthStop as stop:
@@ -55,6 +55,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
         return 3
     return 0
+
+
+def _train_config(args: argparse.Namespace):
+    """The config of ``rlvr train``; with ``--resume RUN_DIR`` the run's own config.yaml (or -c),
+    then the overrides, then ``train.resume=RUN_DIR``."""
+    from rlvr.config import ConfigError, load_config
+
+    path = args.config
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume {run_dir}: no such run directory")
+        path = path or run_dir / "config.yaml"
+    cfg = load_config(path, args.overrides)
+    if args.resume:
+        cfg.train.resume = str(args.resume)
+    return cfg.validate()
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from rlvr.merge import run_merge
+
+    return run_merge(args)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -127,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_config_args(p)
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest complete checkpoint (its config.yaml, then overrides)",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
@@ -147,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("merge", help="merge a LoRA checkpoint into its base model (HF folder)")
+    from rlvr.merge import add_merge_args
+
+    add_merge_args(p)
+    p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser(
         "doctor", help="what is installed and usable here, and what to do about the rest"

@@ -1,4 +1,5 @@
-"""The outer loop of a run: evals before and after, steps with telemetry and health, final save."""
+"""The outer loop of a run: evals before and after, steps with telemetry and health, checkpoints
+(every ``train.save_every`` steps and at the end), resume from a checkpoint, final save."""
 
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlvr.eval.in_training import InTrainingEvaluator
-from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
-from rlvr.telemetry.samples import write_samples
-from rlvr.telemetry.sinks import MetricsLogger
-from rlvr.telemetry.spikes import SpikeLog
+from rlvr.telemetry.health import (
+    HEALTH_EVENTS_FILE,
+    HEALTH_FILE,
+    HealthGate,
+    HealthStop,
+    first_stop,
+    write_health,
+)
+from rlvr.telemetry.jsonio import atomic_write_text, dumps_line, read_jsonl
+from rlvr.telemetry.samples import list_sample_steps, samples_path, write_samples
+from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
+from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
+from rlvr.training.checkpoint import restore_checkpoint, save_checkpoint
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
@@ -47,9 +57,62 @@ def _postfix(m: dict) -> dict:
     return out
 
 
+def rewind_run_files(run_dir: Path, step: int) -> None:
+    """Forget what a run wrote after ``step`` (metrics, spikes, health events, samples, evals),
+    so the steps re-run after a resume are recorded once. ``step=-1`` forgets everything."""
+    truncate_metrics(run_dir, step)
+    for name in (SPIKES_FILE, HEALTH_EVENTS_FILE):
+        path = run_dir / name
+        if path.exists():
+            kept = [r for r in read_jsonl(path) if int(r.get("step", 0)) <= step]
+            atomic_write_text(path, "".join(dumps_line(r) for r in kept))
+    for s in list_sample_steps(run_dir):
+        if s > step:
+            samples_path(run_dir, s).unlink()
+    for path in (run_dir / "eval").glob("step_*.json"):
+        if int(path.stem.split("_")[1]) > step:
+            path.unlink()
+    for name in ("early_stop.json", "summary.json", HEALTH_FILE):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def _resume(trainer) -> dict:
+    """Restore the checkpoint the run context points at (if any) and rewind the run's files.
+
+    Returns the checkpoint's ``extra`` dict ({} for a fresh run)."""
+    ctx = trainer.ctx
+    if ctx.resume_from is not None:
+        extra = restore_checkpoint(trainer, ctx.resume_from)
+        rewind_run_files(ctx.run_dir, trainer.step)
+        trainer.history = [m for m in read_metrics(ctx.run_dir) if m["step"] > 0]
+        return extra
+    if (ctx.run_dir / "metrics.jsonl").exists():  # train.resume=auto without a checkpoint
+        rewind_run_files(ctx.run_dir, -1)
+    return {}
+
+
+def _save(trainer, evaluator) -> Path:
+    """Checkpoint the trainer with the evaluator's state; keep the best-by-eval checkpoint too."""
+    state_dict = getattr(evaluator, "state_dict", None)
+    extra = {"evaluator": state_dict()} if callable(state_dict) else {}
+    best = getattr(evaluator, "best_step", None)
+    return save_checkpoint(
+        trainer,
+        extra=extra,
+        keep=trainer.cfg.train.max_checkpoints,
+        protect=[best] if isinstance(best, int) else [],
+    )
+
+
 def run_training(trainer) -> dict:
     cfg, ctx = trainer.cfg, trainer.ctx
     run_dir = ctx.run_dir
+    try:
+        extra = _resume(trainer)
+    except BaseException:
+        trainer.engine.close()
+        ctx.rewards.close()
+        raise
     logger = MetricsLogger(
         run_dir,
         tensorboard=cfg.logging.tensorboard,
@@ -58,6 +121,10 @@ def run_training(trainer) -> dict:
         run_name=run_dir.name,
     )
     gate = HealthGate(cfg.health)
+    for m in trainer.history:  # a resumed run: bring the gate's streak counters back
+        gate.check(m["step"], m)
+    if gate.events:
+        write_health(run_dir, gate.events, None)
     spikes = SpikeLog(run_dir, threshold=cfg.logging.spike_threshold)
     write_status(run_dir, "running")
     print(
@@ -72,7 +139,16 @@ def run_training(trainer) -> dict:
     t_run = time.perf_counter()
     try:
         evaluator = InTrainingEvaluator(trainer)
-        before = evaluator.before()
+        load_state = getattr(evaluator, "load_state_dict", None)
+        if callable(load_state) and "evaluator" in extra:
+            load_state(extra["evaluator"])
+        if trainer.step == 0:
+            before = evaluator.before()
+        else:  # resumed: the eval before training is already in metrics.jsonl
+            first = read_metrics(run_dir)[:1]
+            before = {}
+            if first and first[0]["step"] == 0:
+                summary["before"] = {k: v for k, v in first[0].items() if k.startswith("eval/")}
         if before:
             logger.log({"step": 0, **before})
             summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
@@ -109,6 +185,9 @@ def run_training(trainer) -> dict:
                 write_health(run_dir, gate.events, stop)
             if stop is not None:
                 raise HealthStop(stop)
+            every = cfg.train.save_every
+            if every and (step % every == 0 or last or evaluator.stop_reason):
+                _save(trainer, evaluator)
             if evaluator.stop_reason:
                 (run_dir / "early_stop.json").write_text(
                     json.dumps({"step": step, "reason": evaluator.stop_reason})

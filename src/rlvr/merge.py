@@ -1,0 +1,106 @@
+"""`rlvr merge`: fold a LoRA checkpoint's adapter into its base model and save a plain HF model.
+
+    rlvr merge runs/NAME/checkpoints/step_000020            # -> runs/NAME/merged/step_000020
+    rlvr merge runs/NAME/final --out /data/merged/NAME      # a LoRA run's final adapter
+
+The base model is the checkpoint's ``model.name_or_path`` (from the ``config.yaml`` beside it, or
+the run's), or ``--base`` when the checkpoint was copied away from the machine it was made on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+from rlvr.training.checkpoint import CONFIG_FILE, MODEL_DIR, checkpoint_step
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_folder(path: Path) -> Path:
+    """The folder holding ``adapter_config.json``: ``path/model`` for a checkpoint, else ``path``."""
+    path = Path(path)
+    if (path / MODEL_DIR).is_dir():
+        checkpoint_step(path)  # refuses a torn checkpoint
+        path = path / MODEL_DIR
+    if not (path / ADAPTER_CONFIG).exists():
+        if (path / "config.json").exists():
+            raise ValueError(
+                f"{path} holds full model weights, not a LoRA adapter: it is already a "
+                "merged HF model (use it directly)"
+            )
+        raise FileNotFoundError(f"no LoRA adapter ({ADAPTER_CONFIG}) in {path}")
+    return path
+
+
+def _model_config(path: Path) -> dict:
+    """The ``model`` section of the nearest config.yaml: the checkpoint's own, else the run's."""
+    path = Path(path)
+    for folder in (path, path.parent, path.parent.parent):
+        cfg_file = folder / CONFIG_FILE
+        if cfg_file.exists():
+            return (yaml.safe_load(cfg_file.read_text()) or {}).get("model", {})
+    return {}
+
+
+def default_out(path: Path) -> Path:
+    """``RUN_DIR/merged/<name>`` for ``RUN_DIR/checkpoints/<name>`` or ``RUN_DIR/<name>``."""
+    path = Path(path).resolve()
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return run_dir / "merged" / path.name
+
+
+def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = None) -> Path:
+    """Write the merged model (+ tokenizer) of the LoRA checkpoint or adapter folder ``path``.
+
+    The output is written under a temporary name and renamed, and an existing ``out`` is refused.
+    Returns the output folder.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.training.policy import resolve_model_path
+
+    adapter = adapter_folder(path)
+    model_cfg = _model_config(Path(path))
+    base = base or model_cfg.get("name_or_path")
+    if not base:
+        raise ValueError(f"no base model known for {path}: pass --base (a folder or hub id)")
+    out = Path(out) if out is not None else default_out(Path(path))
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or pick another --out")
+    dtype = torch.bfloat16 if model_cfg.get("dtype") == "bfloat16" else torch.float32
+    base_path = resolve_model_path(base)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    tok_source = adapter if (adapter / "tokenizer_config.json").exists() else base_path
+    tokenizer = AutoTokenizer.from_pretrained(tok_source)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    merged.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def add_merge_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/merged/<checkpoint name>)")
+    p.add_argument("--base", help="base model (default: model.name_or_path of the run's config)")
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    try:
+        out = merge_checkpoint(Path(args.checkpoint), args.out, args.base)
+    except FileExistsError as exc:
+        print(f"rlvr merge: {exc}", file=sys.stderr)
+        return 2
+    print(f"merged model: {out}")
+    return 0

@@ -1,0 +1,373 @@
+"""Training checkpoints: atomic writes, a completeness marker, rotation, and exact restore.
+
+A checkpoint is a folder ``RUN_DIR/checkpoints/step_NNNNNN`` holding
+
+    model/                 HF folder: full weights, or only the adapter of a LoRA run (+ tokenizer)
+    trainer_state.pt       tensors: optimizer, LR scheduler, value head, torch RNG
+    trainer_state.json     step, data-sampler position, KL coefficient, python/numpy RNG, ``extra``
+    config.yaml            the run config when it was written
+    COMPLETE               written last: the step and the size of every file above
+
+It is written under ``checkpoints/.tmp-step_NNNNNN``, every file is fsynced, ``COMPLETE`` goes in
+last and the folder is then renamed into place. A folder without a ``COMPLETE`` that matches its
+files is never loaded, so a kill at any moment leaves the previous checkpoint as the newest one.
+
+Test hook: ``RLVR_TEST_SLOW_SAVE=<seconds>`` sleeps that long after the model files are written and
+before ``COMPLETE`` is, so a test can SIGKILL a run in the middle of a save.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS_DIR = "checkpoints"
+COMPLETE = "COMPLETE"
+MODEL_DIR = "model"
+TENSOR_STATE = "trainer_state.pt"
+PLAIN_STATE = "trainer_state.json"
+CONFIG_FILE = "config.yaml"
+TMP_PREFIX = ".tmp-"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step_(\d+)$")
+SLOW_SAVE_ENV = "RLVR_TEST_SLOW_SAVE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; the message names the folder and the cause."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+# ----------------------------------------------------------------------------- finding
+
+
+def read_marker(path: Path) -> dict | None:
+    """The ``COMPLETE`` manifest of a checkpoint folder, or None when the folder is not complete.
+
+    Complete means: the marker parses and every file it lists exists with the recorded size.
+    """
+    marker = Path(path) / COMPLETE
+    try:
+        manifest = json.loads(marker.read_text())
+        files = manifest["files"]
+        for rel, size in files.items():
+            if (Path(path) / rel).stat().st_size != size:
+                log.warning("checkpoint %s: %s has the wrong size; ignoring it", path, rel)
+                return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("checkpoint %s has an unreadable %s (%s); ignoring it", path, COMPLETE, exc)
+        return None
+    return manifest
+
+
+def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
+    """Complete checkpoints of a run, oldest first (torn or half-deleted folders are skipped)."""
+    folder = checkpoints_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    out = []
+    for path in folder.iterdir():
+        match = _NAME.match(path.name)
+        if match and path.is_dir() and read_marker(path) is not None:
+            out.append(CheckpointInfo(int(match.group(1)), path))
+    return sorted(out, key=lambda c: c.step)
+
+
+def latest_checkpoint(run_dir: Path) -> CheckpointInfo | None:
+    """The newest complete checkpoint of a run, or None."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint folder; ``CheckpointError`` if it is not a complete checkpoint."""
+    manifest = read_marker(Path(path))
+    if manifest is None:
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no valid {COMPLETE} marker): it was "
+            "interrupted while being written or deleted"
+        )
+    return int(manifest["step"])
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> dict[str, int]:
+    """fsync every file and folder under ``root``; returns {relative path: size} of the files."""
+    sizes = {}
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            p = Path(dirpath) / name
+            _fsync_path(p)
+            sizes[str(p.relative_to(root))] = p.stat().st_size
+        _fsync_path(Path(dirpath))
+    return sizes
+
+
+def _test_pause() -> None:
+    seconds = os.environ.get(SLOW_SAVE_ENV)
+    if seconds:
+        time.sleep(float(seconds))
+
+
+def write_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    tensors: dict[str, Any],
+    plain: dict[str, Any],
+    config_yaml: str,
+) -> Path:
+    """Write one checkpoint atomically and return its folder.
+
+    ``tensors`` is saved with ``torch.save`` (it must load with ``weights_only=True``), ``plain``
+    as JSON. On any failure (disk full, ...) the temporary folder is removed, every existing
+    checkpoint is left as it was, and ``CheckpointError`` says what happened.
+    """
+    folder = checkpoints_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / checkpoint_name(step)
+    tmp = folder / (TMP_PREFIX + final.name)
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        model.save_pretrained(tmp / MODEL_DIR)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / MODEL_DIR)
+        _test_pause()
+        with open(tmp / TENSOR_STATE, "wb") as f:  # a Python file keeps the OSError (ENOSPC...)
+            torch.save(tensors, f)
+        (tmp / PLAIN_STATE).write_text(json.dumps(plain))
+        (tmp / CONFIG_FILE).write_text(config_yaml)
+        sizes = _fsync_tree(tmp)
+        manifest = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "files": sizes}
+        with open(tmp / COMPLETE, "w") as f:
+            f.write(json.dumps(manifest, indent=1))
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp)
+        if final.exists():  # a re-run of this step after a resume from an older checkpoint
+            _remove_checkpoint(final)
+        tmp.rename(final)
+        _fsync_path(folder)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        usable = previous.path if previous else "none (this was the first save)"
+        cause = _os_cause(exc)
+        raise CheckpointError(
+            f"could not write the checkpoint of step {step} to {final}: "
+            f"{type(cause).__name__}: {cause}. The newest usable checkpoint is still {usable}. "
+            f"Free disk space, then resume with `rlvr train --resume {run_dir}`."
+        ) from exc
+    return final
+
+
+def _os_cause(exc: BaseException) -> BaseException:
+    """The OSError behind ``exc`` if there is one (torch.save hides ENOSPC behind its own error)."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return exc
+
+
+def _remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint so that a crash half-way never leaves something that looks complete."""
+    marker = path / COMPLETE
+    if marker.exists():
+        marker.unlink()
+        _fsync_path(path)
+    shutil.rmtree(path)
+
+
+def rotate_checkpoints(run_dir: Path, keep: int, protect: Iterable[int] = ()) -> list[Path]:
+    """Keep the newest ``keep`` complete checkpoints (plus the steps in ``protect``).
+
+    Also removes leftovers: torn ``step_*`` folders and ``.tmp-*`` folders of interrupted saves.
+    Returns the removed folders.
+    """
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    complete = list_checkpoints(run_dir)
+    keep_steps = {c.step for c in complete[-keep:]} | set(protect)
+    complete_paths = {c.path for c in complete}
+    removed = []
+    folder = checkpoints_dir(run_dir)
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        match = _NAME.match(path.name)
+        stale_tmp = path.name.startswith(TMP_PREFIX)
+        torn = match is not None and path not in complete_paths
+        old = match is not None and path in complete_paths and int(match.group(1)) not in keep_steps
+        if path.is_dir() and (stale_tmp or torn or old):
+            _remove_checkpoint(path)
+            removed.append(path)
+    return removed
+
+
+# ----------------------------------------------------------------------------- trainer state
+
+
+def rng_state() -> tuple[dict, dict]:
+    """(plain, tensors) RNG states of python, numpy and torch (+ CUDA when present)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    plain = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    return plain, tensors
+
+
+def set_rng_state(plain: dict, tensors: dict) -> None:
+    version, internal, gauss = plain["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = plain["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+
+
+def capture_state(trainer, extra: dict | None = None) -> tuple[dict, dict]:
+    """Everything but the model weights that a run needs to continue exactly: (tensors, plain).
+
+    ``extra`` holds other components' state (e.g. the in-training evaluator's early-stopping
+    history); it must be JSON-serialisable.
+    """
+    ctx = trainer.ctx
+    rng_plain, rng_tensors = rng_state()
+    tensors = {
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict(),
+        "value_head": ctx.value_head.state_dict() if ctx.value_head is not None else None,
+        "rng": rng_tensors,
+    }
+    plain = {
+        "step": trainer.step,
+        "sampler": trainer.sampler.state_dict(),
+        "kl_coef": trainer.kl_ctl.value,
+        "rng": rng_plain,
+        "extra": extra or {},
+    }
+    try:
+        json.dumps(plain)
+    except TypeError as exc:
+        raise CheckpointError(f"checkpoint extra state is not JSON-serialisable: {exc}") from exc
+    return tensors, plain
+
+
+def save_checkpoint(
+    trainer, *, extra: dict | None = None, keep: int = 2, protect: Iterable[int] = ()
+) -> Path:
+    """Checkpoint ``trainer`` at its current step, then rotate old checkpoints away."""
+    tensors, plain = capture_state(trainer, extra)
+    path = write_checkpoint(
+        trainer.ctx.run_dir,
+        trainer.step,
+        model=trainer.model,
+        tokenizer=trainer.tokenizer,
+        tensors=tensors,
+        plain=plain,
+        config_yaml=trainer.cfg.to_yaml(),
+    )
+    rotate_checkpoints(trainer.ctx.run_dir, keep, protect)
+    return path
+
+
+def read_state(path: Path) -> tuple[dict, dict]:
+    """(tensors, plain) of a complete checkpoint folder."""
+    checkpoint_step(path)  # refuses a torn folder
+    manifest = read_marker(path) or {}
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format {manifest.get('format')!r}, this rlvr reads {FORMAT_VERSION}"
+        )
+    tensors = torch.load(Path(path) / TENSOR_STATE, map_location="cpu", weights_only=True)
+    plain = json.loads((Path(path) / PLAIN_STATE).read_text())
+    return tensors, plain
+
+
+def restore_model(model: torch.nn.Module, folder: Path) -> None:
+    """Load the weights saved in ``folder`` into ``model`` in place (adapter or full weights)."""
+    from rlvr.training.lora import is_lora_model, load_adapter_weights
+
+    if is_lora_model(model):
+        load_adapter_weights(model, folder)
+        return
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(model.parameters()).dtype
+    # Loading through transformers handles tied weights and sharded files; the copy is exact.
+    saved = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    model.load_state_dict(saved.state_dict())
+
+
+def restore_checkpoint(trainer, path: Path) -> dict:
+    """Put ``trainer`` back in the state it had when the checkpoint at ``path`` was written.
+
+    Restores model (or adapter) weights, optimizer, scheduler, value head, data-sampler position,
+    KL coefficient, step counter and RNG states. Returns the ``extra`` dict saved with it.
+    """
+    tensors, plain = read_state(path)
+    ctx = trainer.ctx
+    restore_model(trainer.model, Path(path) / MODEL_DIR)
+    ctx.optimizer.load_state_dict(tensors["optimizer"])
+    ctx.scheduler.load_state_dict(tensors["scheduler"])
+    if (tensors["value_head"] is None) != (ctx.value_head is None):
+        raise CheckpointError(
+            f"{path}: the checkpoint {'has no' if tensors['value_head'] is None else 'has a'} "
+            "value head but this run's objective needs the opposite (was algo.objective changed?)"
+        )
+    if ctx.value_head is not None:
+        ctx.value_head.load_state_dict(tensors["value_head"])
+    trainer.sampler.load_state_dict(plain["sampler"])
+    trainer.kl_ctl.value = float(plain["kl_coef"])
+    trainer.step = int(plain["step"])
+    set_rng_state(plain["rng"], tensors["rng"])
+    return plain["extra"]
