@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -44,17 +45,48 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlvr.training.trainer import Trainer
 
     cfg = _train_config(args)
+    if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _relaunch_with_torchrun(args.nproc)
+    from rlvr.training.distributed import shutdown
+
     try:
         Trainer(cfg).fit()
     except HealthStop as stop:
         ev = stop.event
-        print(
-            f"\n[rlvr] stopped by the health gate: rule {ev.rule!r} at step {ev.step}\n"
-            f"  values: {ev.values}\n  advice: {ev.advice}",
-            file=sys.stderr,
-        )
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(
+                f"\n[rlvr] stopped by the health gate: rule {ev.rule!r} at step {ev.step}\n"
+                f"  values: {ev.values}\n  advice: {ev.advice}",
+                file=sys.stderr,
+            )
         return 3
+    finally:
+        shutdown()
     return 0
+
+
+def _relaunch_with_torchrun(nproc: int) -> int:
+    """`rlvr train --nproc N ...` is `torchrun --nproc-per-node N -m rlvr train ...` on this machine."""
+    import subprocess
+
+    argv = [a for a in sys.argv[1:]]
+    i = argv.index("--nproc") if "--nproc" in argv else None
+    if i is not None:
+        del argv[i : i + 2]
+    else:
+        argv = [a for a in argv if not a.startswith("--nproc=")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "rlvr",
+        *argv,
+    ]
+    print("[rlvr] " + " ".join(cmd[1:]), flush=True)
+    return subprocess.call(cmd)
 
 
 def _train_config(args: argparse.Namespace):
@@ -155,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue RUN_DIR from its newest complete checkpoint (its config.yaml, then overrides)",
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train with N processes on this machine (shortcut for torchrun --nproc-per-node N -m rlvr train)",
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
@@ -195,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from rlvr.config import ConfigError
+    from rlvr.training.checkpoint import CheckpointError
     from rlvr.training.policy import ModelLoadError
 
     parser = build_parser()
@@ -204,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlvr: {exc}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError, ModelLoadError) as exc:
+    except (FileNotFoundError, ValueError, ModelLoadError, CheckpointError) as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

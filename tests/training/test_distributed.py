@@ -23,12 +23,23 @@ ATOL = 1e-5
 
 def _args(model_dir: Path, out: Path, name: str, parallel: str) -> list[str]:
     return [
-        f"model.name_or_path={model_dir}", f"train.output_dir={out}", f"train.run_name={name}",
-        "data.template=none", "rollout.max_new_tokens=8", "logging.progress=false",
-        "eval.before_after=false", "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
-        "train.max_steps=3", "train.lr=1e-2", "algo.group_size=4", "algo.prompts_per_step=4",
-        "algo.micro_batch_size=4", "rollout.seed_per_prompt=true", "model.autocast=off",
-        f"train.parallel={parallel}", "train.threads=1",
+        f"model.name_or_path={model_dir}",
+        f"train.output_dir={out}",
+        f"train.run_name={name}",
+        "data.template=none",
+        "rollout.max_new_tokens=8",
+        "logging.progress=false",
+        "eval.before_after=false",
+        "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
+        "train.max_steps=3",
+        "train.lr=1e-2",
+        "algo.group_size=4",
+        "algo.prompts_per_step=4",
+        "algo.micro_batch_size=4",
+        "rollout.seed_per_prompt=true",
+        "model.autocast=off",
+        f"train.parallel={parallel}",
+        "train.threads=1",
     ]
 
 
@@ -54,9 +65,22 @@ def _steps(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("parallel", ["fsdp2", "ddp"])
 def test_two_ranks_match_one_process(tiny_model_dir, tmp_path, parallel):
-    _run([sys.executable, "-m", "rlvr", "train", *_args(tiny_model_dir, tmp_path, "one", parallel)], tmp_path)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0"]
-    _run([*torchrun, "-m", "rlvr", "train", *_args(tiny_model_dir, tmp_path, "two", parallel)], tmp_path)
+    _run(
+        [sys.executable, "-m", "rlvr", "train", *_args(tiny_model_dir, tmp_path, "one", parallel)],
+        tmp_path,
+    )
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+    ]
+    _run(
+        [*torchrun, "-m", "rlvr", "train", *_args(tiny_model_dir, tmp_path, "two", parallel)],
+        tmp_path,
+    )
     one, two = tmp_path / "one", tmp_path / "two"
     s1, s2 = _steps(one), _steps(two)
     # metrics are logged once (by rank 0), one line per step, over the whole global batch

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from rlvr.training.policy import ModelLoadError, bf16_supported, load_model_and_tokenizer
-from rlvr.training.run_setup import build_engine, pick_device
+from rlvr.training.distributed import DistInfo, device_for
+from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer
+from rlvr.training.run_setup import build_engine, resolve_autocast
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -99,7 +100,7 @@ def load_policy(
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-    device = str(pick_device(cfg.model.device))
+    device = str(device_for(DistInfo(), cfg.model.device))
     if not source.is_adapter:
         if base:
             raise ValueError(f"--base is only for LoRA adapters; {source.model} is a full model")
@@ -128,7 +129,5 @@ def load_policy(
 def eval_engine(cfg, model, tokenizer):
     """The rollout engine the run's config asks for, with the trainer's autocast rule."""
     device = next(model.parameters()).device
-    autocast = cfg.model.autocast == "bf16" or (
-        cfg.model.autocast == "auto" and bf16_supported(device)
-    )
+    autocast = resolve_autocast(cfg, device)
     return build_engine(cfg, model, tokenizer, autocast)

@@ -98,6 +98,11 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
+def barrier(info: DistInfo) -> None:
+    if info.enabled:
+        dist.barrier()
+
+
 def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     if not info.enabled:
         return list(values)

@@ -24,6 +24,7 @@ from rlvr.telemetry.samples import list_sample_steps, samples_path, write_sample
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
 from rlvr.training.checkpoint import restore_checkpoint, save_checkpoint
+from rlvr.training.distributed import barrier, full_state_dict
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
@@ -34,12 +35,23 @@ def write_status(run_dir: Path, state: str, **extra) -> None:
 
 
 def save_final(trainer) -> Path:
-    """HF-format model (or LoRA adapter) + tokenizer under ``run_dir/final``, written atomically."""
+    """HF-format model (or LoRA adapter) + tokenizer under ``run_dir/final``, written atomically.
+
+    With several processes every rank takes part in gathering the full weights; rank 0 writes.
+    """
     final = trainer.ctx.run_dir / "final"
+    info = trainer.dist
+    state = full_state_dict(trainer.model, info) if info.enabled else None
+    if state is not None and getattr(trainer.model.config, "tie_word_embeddings", False):
+        # gathered tensors no longer share storage; drop the tied copies save_pretrained would keep
+        for key in getattr(trainer.model, "all_tied_weights_keys", None) or {}:
+            state.pop(key, None)
+    if info.enabled and not info.is_main:
+        return final
     tmp = final.with_name("final.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    trainer.model.save_pretrained(tmp)
+    trainer.model.save_pretrained(tmp, state_dict=state)
     trainer.tokenizer.save_pretrained(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -91,17 +103,25 @@ def _resume(trainer) -> dict:
     return {}
 
 
-def _save(trainer, evaluator) -> Path:
-    """Checkpoint the trainer with the evaluator's state; keep the best-by-eval checkpoint too."""
+def _save(trainer, evaluator) -> Path | None:
+    """Checkpoint the trainer with the evaluator's state; keep the best-by-eval checkpoint too.
+
+    Several processes (DDP: every rank holds the same weights): rank 0 writes, the others wait.
+    """
+    if trainer.dist.enabled and not trainer.dist.is_main:
+        barrier(trainer.dist)
+        return None
     state_dict = getattr(evaluator, "state_dict", None)
     extra = {"evaluator": state_dict()} if callable(state_dict) else {}
     best = getattr(evaluator, "best_step", None)
-    return save_checkpoint(
+    path = save_checkpoint(
         trainer,
         extra=extra,
         keep=trainer.cfg.train.max_checkpoints,
         protect=[best] if isinstance(best, int) else [],
     )
+    barrier(trainer.dist)
+    return path
 
 
 def run_training(trainer) -> dict:
@@ -127,10 +147,14 @@ def run_training(trainer) -> dict:
         write_health(run_dir, gate.events, None)
     spikes = SpikeLog(run_dir, threshold=cfg.logging.spike_threshold)
     write_status(run_dir, "running")
-    print(
-        f"[rlvr] run directory: {run_dir}  (engine: {trainer.engine.name}, objective: {cfg.algo.objective})",
-        flush=True,
-    )
+    main = trainer.dist.is_main
+    if main:
+        ranks = f", processes: {trainer.dist.world_size}" if trainer.dist.enabled else ""
+        print(
+            f"[rlvr] run directory: {run_dir}  (engine: {trainer.engine.name}, "
+            f"objective: {cfg.algo.objective}{ranks})",
+            flush=True,
+        )
     summary: dict = {
         "run_dir": str(run_dir),
         "engine": trainer.engine.name,
@@ -152,12 +176,13 @@ def run_training(trainer) -> dict:
         if before:
             logger.log({"step": 0, **before})
             summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
-            print(f"[rlvr] before training: {_fmt_eval(summary['before'])}", flush=True)
+            if main:
+                print(f"[rlvr] before training: {_fmt_eval(summary['before'])}", flush=True)
         bar = tqdm(
             range(trainer.step, cfg.train.max_steps),
             desc="train",
             unit="step",
-            disable=not cfg.logging.progress,
+            disable=not (cfg.logging.progress and main),
             dynamic_ncols=True,
         )
         for _ in bar:
@@ -178,7 +203,7 @@ def run_training(trainer) -> dict:
             trainer.history.append(metrics)
             bar.set_postfix(_postfix(metrics), refresh=False)
             events = gate.check(step, metrics)
-            for ev in events:
+            for ev in events if main else []:
                 tqdm.write(f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: {ev.values}")
             stop = first_stop(events)
             if events:
@@ -200,7 +225,8 @@ def run_training(trainer) -> dict:
         summary["steps"] = trainer.step
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         write_status(run_dir, "finished")
-        _print_summary(summary)
+        if main:
+            _print_summary(summary)
         return summary
     except HealthStop as stop:
         write_status(run_dir, "stopped_by_health", rule=stop.event.rule)
@@ -239,7 +265,7 @@ def _sample_records(prompts, rows, groups, rewards) -> list[dict]:
 
 def _fmt_eval(scores: dict) -> str:
     return ", ".join(
-        f"{k.split('/')[-1]} = {v:.3f}" for k, v in scores.items() if isinstance(v, float)
+        f"{k.removeprefix('eval/')} = {v:.3f}" for k, v in scores.items() if isinstance(v, float)
     )
 
 
@@ -248,8 +274,8 @@ def _print_summary(s: dict) -> None:
     if "before" in s and "after" in s:
         for key, before in s["before"].items():
             if isinstance(before, float) and key in s["after"]:
-                name = key.split("/")[-1]
-                print(f"[rlvr] held-out {name}: {before:.3f} -> {s['after'][key]:.3f}", flush=True)
+                name = key.removeprefix("eval/")
+                print(f"[rlvr] {name}: {before:.3f} -> {s['after'][key]:.3f}", flush=True)
     print(
         f"[rlvr] steps: {s['steps']}, wall time: {s['wall_time_s']:.0f} s, engine: {s['engine']}",
         flush=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,14 @@ import torch
 from rlvr.config import Config, ConfigError
 from rlvr.data.tasks import DEFAULT_REWARD, task_rows
 from rlvr.rewards.runner import RewardRunner, RewardSpec
+from rlvr.training.distributed import (
+    DistInfo,
+    barrier,
+    broadcast_object,
+    device_for,
+    init_distributed,
+    wrap_model,
+)
 from rlvr.training.policy import (
     bf16_supported,
     load_model_and_tokenizer,
@@ -37,6 +46,11 @@ class RunContext:
     scheduler: object
     value_head: torch.nn.Module | None = None
     notes: list[str] = field(default_factory=list)
+    dist: DistInfo = field(default_factory=DistInfo)
+    # The module the update's forward goes through: a DDP wrapper, the FSDP2-sharded model, or
+    # `model` itself in one process. `model` is always the plain module (generate, save, adapters).
+    train_model: torch.nn.Module | None = None
+    ref_model: torch.nn.Module | None = None
     resume_from: Path | None = None  # checkpoint folder the run loop restores before step 1
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -63,10 +77,40 @@ class RunContext:
         return {"logits": out.logits[:, :-1, :], "values": values}
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+def resolve_autocast(cfg: Config, device: torch.device) -> bool:
+    """bf16 autocast on when asked, or on 'auto' where the device has a bf16 fast path."""
+    return cfg.model.autocast == "bf16" or (cfg.model.autocast == "auto" and bf16_supported(device))
+
+
+def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
+    """What a multi-process run cannot do (yet), each naming the knob."""
+    if not info.enabled:
+        return []
+    out = []
+    if cfg.algo.prompts_per_step % info.world_size:
+        out.append(
+            f"algo.prompts_per_step={cfg.algo.prompts_per_step} must be divisible by the number of "
+            f"processes ({info.world_size}): each rank takes whole prompt groups"
+        )
+    elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
+        out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
+    if cfg.algo.objective == "ppo":
+        out.append(
+            "algo.objective=ppo runs in one process only for now (the value head is not sharded)"
+        )
+    if cfg.rollout.engine == "vllm":
+        out.append(
+            "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
+        )
+    if cfg.train.parallel == "fsdp2":
+        if cfg.model.lora.enabled:
+            out.append("model.lora.enabled with several processes: use train.parallel=ddp")
+        if cfg.train.save_every:
+            out.append(
+                "train.save_every with train.parallel=fsdp2: sharded checkpoints are not supported "
+                "yet; use train.parallel=ddp or save only the final model"
+            )
+    return out
 
 
 def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
@@ -214,6 +258,13 @@ def setup_run(
     """Validate, load and build everything; fails before any model loads on a bad config."""
     cfg.validate()
     preflight(cfg)
+    info = init_distributed()
+    probs = distributed_problems(cfg, info)
+    if probs:
+        raise ConfigError("invalid config for a multi-process run:\n  - " + "\n  - ".join(probs))
+    if info.enabled and run_dir is None and not cfg.train.resume:
+        # every rank must use rank 0's run name (it carries a time stamp)
+        cfg.train.run_name = broadcast_object(cfg.run_name(), info)
     plan = plan_resume(cfg, run_dir)
     if plan is not None:
         run_dir = plan.run_dir
@@ -230,7 +281,7 @@ def setup_run(
         timeout_s=cfg.reward.timeout_s,
         max_failure_fraction=cfg.reward.max_failure_fraction,
     )
-    device = pick_device(cfg.model.device)
+    device = device_for(info, cfg.model.device)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if model is None:
         model, tokenizer = load_model_and_tokenizer(
@@ -241,9 +292,7 @@ def setup_run(
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
-    autocast = cfg.model.autocast == "bf16" or (
-        cfg.model.autocast == "auto" and bf16_supported(device)
-    )
+    autocast = resolve_autocast(cfg, device)
     if cfg.model.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         (enable or model.gradient_checkpointing_enable)()
@@ -251,6 +300,10 @@ def setup_run(
         from rlvr.training.lora import apply_lora
 
         model = apply_lora(model, cfg.model.lora)
+    ref_model = None
+    if cfg.algo.beta > 0 and not cfg.model.lora.enabled:  # LoRA: the base with adapters off
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    train_model = wrap_model(model, info, cfg.train.parallel)  # before the optimizer sees params
     value_head = None
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": params, "lr": cfg.train.lr}]
@@ -274,8 +327,19 @@ def setup_run(
         total_steps=cfg.train.max_steps,
         min_lr_ratio=cfg.train.min_lr_ratio,
     )
-    engine = build_engine(cfg, model, tokenizer, autocast)
-    out_dir = make_run_dir(cfg, run_dir, reuse=plan is not None)
+    engine = build_engine(
+        cfg, model, tokenizer, autocast, synced=info.enabled and cfg.train.parallel == "fsdp2"
+    )
+    if info.is_main:
+        out_dir = make_run_dir(cfg, run_dir, reuse=plan is not None)
+    else:
+        # Other ranks write their copies of run files to a scratch folder; rank 0's are the record.
+        main_dir = (
+            Path(run_dir) if run_dir is not None else Path(cfg.train.output_dir) / cfg.run_name()
+        )
+        out_dir = main_dir / "ranks" / f"rank{info.rank}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+    barrier(info)
     return RunContext(
         cfg=cfg,
         run_dir=out_dir,
@@ -291,6 +355,9 @@ def setup_run(
         scheduler=scheduler,
         value_head=value_head,
         resume_from=plan.checkpoint if plan is not None else None,
+        dist=info,
+        train_model=train_model,
+        ref_model=ref_model,
     )
 
 
@@ -300,7 +367,7 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def build_engine(cfg: Config, model, tokenizer, autocast: bool):
+def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
     engine = cfg.rollout.engine
     if engine == "auto":
         engine = "vllm" if vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" else "hf"
@@ -310,4 +377,6 @@ def build_engine(cfg: Config, model, tokenizer, autocast: bool):
         return VLLMEngine.from_trainer(cfg, model, tokenizer)
     from rlvr.rollout.hf import HFEngine
 
-    return HFEngine(model, tokenizer, batch_size=cfg.rollout.batch_size, autocast=autocast)
+    return HFEngine(
+        model, tokenizer, batch_size=cfg.rollout.batch_size, autocast=autocast, synced=synced
+    )

@@ -7,7 +7,6 @@ log-probs in `policy.py`, metric summaries in `step_metrics.py`.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import random
@@ -61,9 +60,8 @@ class Trainer:
         self.sampler = PromptSampler(
             len(c.train_rows), cfg.algo.prompts_per_step, seed=cfg.train.seed
         )
-        self.ref_model = None
-        if cfg.algo.beta > 0 and not cfg.model.lora.enabled:
-            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.train_model = c.train_model or self.model
+        self.ref_model = c.ref_model
         self.kl_ctl = (
             AdaptiveKLController(cfg.algo.beta, cfg.algo.kl_target, cfg.algo.kl_horizon)
             if cfg.algo.kl_target is not None
@@ -405,7 +403,7 @@ class Trainer:
 
     def _forward(self, sb) -> dict:
         if self.cfg.algo.objective != "ppo":
-            return {"logits": completion_logits(self.model, sb)}
+            return {"logits": completion_logits(self.train_model, sb)}
         return self.ctx.value_forward(sb)
 
     def _reference_logp(self, sb, temp: float) -> torch.Tensor:
