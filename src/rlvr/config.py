@@ -178,7 +178,9 @@ class TrainConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
     weight_decay: float = Field(0.0, ge=0.0)
-    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW betas, each in [0, 1)."
+    )
     max_grad_norm: float = Field(1.0, gt=0)
     max_steps: int = Field(20, gt=0, description="Training steps (rollout batches).")
     seed: int = 0
@@ -339,6 +341,11 @@ class Config(Section):
                 validate_reward_spec(spec)
             except ValueError as exc:
                 out.append(f"reward.specs[{i}]: {exc}")
+        b1, b2 = self.train.adam_betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            out.append(
+                f"train.adam_betas={list(self.train.adam_betas)}: each beta must be in [0, 1)"
+            )
         if self.train.warmup_steps >= self.train.max_steps and self.train.schedule != "constant":
             out.append(
                 f"train.warmup_steps={self.train.warmup_steps} >= train.max_steps={self.train.max_steps}: "

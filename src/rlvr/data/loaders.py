@@ -214,6 +214,15 @@ def _normalise(
         if require_answer and not answer:
             raise _BadRecord("empty_field", f"answer field {answer_field!r} is empty")
 
+    for role, name, text in (("prompt", prompt_field, prompt), ("answer", answer_field, answer)):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # e.g. a lone surrogate escape "\ud800" in JSON
+            raise _BadRecord(
+                "bad_text",
+                f"{role} field {name!r} is not valid Unicode text ({exc.reason} at {exc.start})",
+            ) from None
+
     row = dict(value)
     row["prompt"] = prompt
     row["answer"] = answer

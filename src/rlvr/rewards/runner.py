@@ -310,7 +310,8 @@ class RewardRunner:
             {**{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS}, "truncated": bool(t)}
             for row, t in zip(rows, truncated, strict=True)
         ]
-        max_failures = math.floor(self.max_failure_fraction * count)
+        # the small epsilon keeps e.g. 0.7 * 90 = 62.99999999999999 at 63 allowed failures
+        max_failures = math.floor(self.max_failure_fraction * count + 1e-9)
         outcomes: dict[str, list[CallOutcome]] = {}
         for spec in self.specs:
             triples = list(zip(prompts, responses, references, strict=True))

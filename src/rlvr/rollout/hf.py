@@ -107,10 +107,17 @@ class HFEngine:
         new = res.sequences[:, width:].cpu()
         # Sampler log-probs: the temperature-scaled distribution the tokens were drawn from
         # (top-p/top-k truncation aside), matching how the trainer scores them.
-        logits = torch.stack(res.logits, dim=1).float().cpu()
-        if not greedy:
-            logits = logits / params.temperature
-        logp = torch.gather(F.log_softmax(logits, -1), -1, new.unsqueeze(-1)).squeeze(-1)
+        # one decoding step at a time: never a stacked [B, T, V] float32 copy
+        scale = 1.0 if greedy else params.temperature
+        logp = torch.stack(
+            [
+                torch.gather(
+                    F.log_softmax(step.float().cpu() / scale, -1), -1, new[:, t : t + 1]
+                ).squeeze(-1)
+                for t, step in enumerate(res.logits)
+            ],
+            dim=1,
+        )
         comps = []
         for row, lp in zip(new.tolist(), logp.tolist(), strict=True):
             n, reason = self._cut(row, params)

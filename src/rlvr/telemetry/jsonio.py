@@ -72,7 +72,25 @@ _LINE_BREAK_ESCAPES = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "
 def dumps_line(record: Mapping[str, Any]) -> str:
     """One strict-JSON line (with trailing newline) for ``record``; non-ASCII text stays readable."""
     text = json.dumps(to_jsonable(record), allow_nan=False, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (a str no UTF-8 file can hold) are written as their visible escape,
+        # e.g. the six characters "\ud800": the line stays valid and says what was there.
+        text = json.dumps(
+            _visible_surrogates(to_jsonable(record)), allow_nan=False, ensure_ascii=False
+        )
     return text.translate(_LINE_BREAK_ESCAPES) + "\n"
+
+
+def _visible_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_visible_surrogates(k): _visible_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_visible_surrogates(v) for v in value]
+    return value
 
 
 def _reject_constant(name: str) -> Any:

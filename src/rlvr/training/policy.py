@@ -181,11 +181,12 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def logprobs_and_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = 4
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = 4, entropy: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs and entropies, computed a few rows at a time.
 
-    logits ``[B, T, V]`` (any float dtype), labels ``[B, T]``. Returns two ``[B, T]`` float32 tensors.
+    logits ``[B, T, V]`` (any float dtype), labels ``[B, T]``. Returns two ``[B, T]`` float32 tensors
+    (the entropies are None with ``entropy=False``, which skips a full softmax).
     Working on ``chunk`` rows at a time keeps only a small float32 copy of the logits alive.
     """
     if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
@@ -198,10 +199,11 @@ def logprobs_and_entropy(
         lse = torch.logsumexp(part, dim=-1)
         picked = torch.gather(part, -1, labels[start : start + chunk].unsqueeze(-1)).squeeze(-1)
         logps.append(picked - lse)
-        with torch.no_grad():
-            probs = F.softmax(part, dim=-1)
-            ents.append(lse - (probs * part).sum(-1))
-    return torch.cat(logps), torch.cat(ents)
+        if entropy:
+            with torch.no_grad():
+                probs = F.softmax(part, dim=-1)
+                ents.append(lse - (probs * part).sum(-1))
+    return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from rlvr.telemetry.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.telemetry.samples import list_sample_steps, samples_path, write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
-from rlvr.training.checkpoint import restore_checkpoint, save_checkpoint
+from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.training.distributed import barrier, full_state_dict
 
 
@@ -232,7 +233,14 @@ def run_training(trainer) -> dict:
         write_status(run_dir, "stopped_by_health", rule=stop.event.rule)
         raise
     except KeyboardInterrupt:
-        write_status(run_dir, "interrupted", step=trainer.step)
+        note = _interrupt_note(trainer)
+        write_status(run_dir, "interrupted", step=trainer.step, checkpoint=note)
+        if trainer.dist.is_main:
+            print(
+                f"\n[rlvr] interrupted after step {trainer.step}: {note}",
+                file=sys.stderr,
+                flush=True,
+            )
         raise
     except BaseException as exc:
         write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", step=trainer.step)
@@ -241,6 +249,22 @@ def run_training(trainer) -> dict:
         logger.close()
         trainer.engine.close()
         ctx.rewards.close()
+
+
+def _interrupt_note(trainer) -> str:
+    """Why no checkpoint is written on Ctrl-C, and which one a resume would use.
+
+    An interrupt lands inside a step, whose optimizer may already have stepped on some
+    minibatches; saving that half-updated state as "step N" would make resume inexact.
+    """
+    latest = latest_checkpoint(trainer.ctx.run_dir)
+    why = "no checkpoint written on interrupt (the step in progress had half-updated the weights)"
+    if latest is None:
+        return f"{why}; there is no earlier checkpoint (set train.save_every to keep some)"
+    return (
+        f"{why}; newest complete checkpoint: step {latest.step}, resume with "
+        f"`rlvr train --resume {trainer.ctx.run_dir}`"
+    )
 
 
 def _sample_records(prompts, rows, groups, rewards) -> list[dict]:

@@ -13,6 +13,7 @@ import torch
 from rlvr.config import Config, ConfigError
 from rlvr.data.tasks import DEFAULT_REWARD, task_rows
 from rlvr.rewards.runner import RewardRunner, RewardSpec
+from rlvr.telemetry.jsonio import atomic_write_text
 from rlvr.training.distributed import (
     DistInfo,
     barrier,
@@ -248,8 +249,30 @@ def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> P
             f"it with `rlvr train --resume {run_dir}`"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    # atomic: a full disk must never leave a torn config.yaml that a resume would read
+    atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())
     return run_dir
+
+
+def check_prompt_lengths(cfg: Config, tokenizer, rows: list[dict], split: str) -> None:
+    """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens."""
+    from rlvr.data.templates import render_prompt
+
+    limit = cfg.data.max_prompt_tokens
+    for i, row in enumerate(rows):
+        text = render_prompt(
+            cfg.data.template,
+            row["prompt"],
+            tokenizer,
+            row.get("system_prompt") or cfg.data.system_prompt,
+        )
+        n = len(tokenizer(text, add_special_tokens=False).input_ids)
+        if n > limit:
+            where = row.get("_source", f"{split} row {i}")
+            raise ConfigError(
+                f"{where}: the prompt has {n} tokens after the template, more than "
+                f"data.max_prompt_tokens={limit}; raise the limit or drop the row"
+            )
 
 
 def setup_run(
@@ -293,6 +316,8 @@ def setup_run(
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
     autocast = resolve_autocast(cfg, device)
+    check_prompt_lengths(cfg, tokenizer, train_rows, "train")
+    check_prompt_lengths(cfg, tokenizer, eval_rows, "eval")
     if cfg.model.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         (enable or model.gradient_checkpointing_enable)()
@@ -319,6 +344,7 @@ def setup_run(
         betas=tuple(cfg.train.adam_betas),
         weight_decay=cfg.train.weight_decay,
         eps=1e-8,
+        foreach=True,  # one kernel per parameter group, not one per tensor
     )
     scheduler = build_scheduler(
         optimizer,

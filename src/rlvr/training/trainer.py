@@ -207,21 +207,23 @@ class Trainer:
         old_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         ref_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         old_values: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
-        diffs = []
+        diffs: list[torch.Tensor] = []
+        # With one update per batch and no reference, the update's own forward gives the
+        # trainer log-probs for the trust check: no extra pass.
+        need_pass1 = need_old or need_ref
         with torch.no_grad():
-            for idx in micro_batches(list(range(n)), a.micro_batch_size):
+            for idx in micro_batches(list(range(n)), a.micro_batch_size) if need_pass1 else []:
                 sb = build_sequence_batch(
                     [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
                 )
                 with self._autocast():
                     logits = completion_logits(self.model, sb)
-                lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
+                lp, _ = logprobs_and_entropy(
+                    _scaled(logits, temp), sb.completion_ids, entropy=False
+                )
                 for row, i in enumerate(idx):
-                    length = len(comp_ids[i])
-                    old_logp[i] = lp[row, :length]
-                    eng = torch.tensor(comps[i].logprobs[:length])
-                    if length:
-                        diffs.append(old_logp[i] - eng)
+                    old_logp[i] = lp[row, : len(comp_ids[i])]
+                diffs += _engine_diffs(lp, idx, comp_ids, comps)
                 if need_ref:
                     t0 = time.perf_counter()
                     ref = self._reference_logp(sb, temp)
@@ -229,18 +231,6 @@ class Trainer:
                         ref_logp[i] = ref[row, : len(comp_ids[i])]
                     t_ref += time.perf_counter() - t0
         stats_out: dict[str, float] = {}
-        if self.dist.enabled:
-            diffs = [
-                torch.tensor(x)
-                for part in all_gather_objects([d.tolist() for d in diffs], self.dist)
-                for x in part
-            ]
-        if diffs:
-            d = torch.cat(diffs)
-            stats_out["logprob_diff_mean"] = float(d.abs().mean())
-            stats_out["logprob_diff_max"] = float(d.abs().max())
-            # k3 of engine vs trainer: E[exp(-d) + d - 1] with d = trainer - engine
-            stats_out["logprob_k3"] = float((torch.exp(-d.clamp(-20, 20)) + d - 1).mean())
 
         # KL as a reward penalty folds into the scalar reward before advantages.
         if a.kl_mode == "reward" and need_ref and self.kl_ctl.value > 0:
@@ -332,8 +322,11 @@ class Trainer:
                     )
                     with self._autocast():
                         out = self._forward(sb)
-                    logits = out["logits"] / temp
-                    logp, ent = logprobs_and_entropy(logits, sb.completion_ids)
+                    logp, ent = logprobs_and_entropy(
+                        _scaled(out["logits"], temp), sb.completion_ids
+                    )
+                    if not need_pass1 and epoch == 0:
+                        diffs += _engine_diffs(logp.detach(), idx, comp_ids, comps)
                     mask = sb.completion_mask * valid_flat[idx].float().unsqueeze(1)
                     T = mask.shape[1]
                     if need_old:
@@ -387,6 +380,8 @@ class Trainer:
                     skipped += 1
                 else:
                     opt.step()
+                # free the gradients now rather than through the next rollout (~4 bytes/param)
+                opt.zero_grad(set_to_none=True)
                 grad_norms.append(gn)
         sched.step()
         if "kl" in (all_stats[0] if all_stats else {}):
@@ -396,6 +391,7 @@ class Trainer:
             all_stats = [st for stats, _ in gathered for st in stats]
             entropies = [torch.tensor(e) for _, ents in gathered for e in ents]
         stats_out.update(summarize_update_stats(all_stats, entropies, grad_norms))
+        stats_out.update(self._trust_stats(diffs))
         stats_out["nonfinite_skipped"] = float(skipped > 0)
         stats_out["_time_reference_total"] = t_ref
         stats_out["_time_reference"] = t_ref
@@ -413,8 +409,23 @@ class Trainer:
             else:  # LoRA: the reference is the base model with adapters disabled
                 with self.model.disable_adapter():
                     logits = completion_logits(self.model, sb)
-        lp, _ = logprobs_and_entropy(logits / temp, sb.completion_ids)
+        lp, _ = logprobs_and_entropy(_scaled(logits, temp), sb.completion_ids, entropy=False)
         return lp
+
+    def _trust_stats(self, diffs: list[torch.Tensor]) -> dict[str, float]:
+        """Engine vs trainer log-probs of the sampled tokens: mean/max |difference| and k3."""
+        if self.dist.enabled:
+            parts = all_gather_objects([d.tolist() for d in diffs], self.dist)
+            diffs = [torch.tensor(x) for part in parts for x in part]
+        if not diffs:
+            return {}
+        d = torch.cat(diffs)
+        return {
+            "logprob_diff_mean": float(d.abs().mean()),
+            "logprob_diff_max": float(d.abs().max()),
+            # k3 of engine vs trainer: E[exp(-d) + d - 1] with d = trainer - engine
+            "logprob_k3": float((torch.exp(-d.clamp(-20, 20)) + d - 1).mean()),
+        }
 
     def _global_rollout_metrics(self, scores, valid, comps, rewards) -> dict:
         """Rollout metrics over every rank's completions (each rank holds a slice of the batch)."""
@@ -494,6 +505,25 @@ class Trainer:
         from rlvr.training.run_loop import run_training
 
         return run_training(self)
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits of the sampling distribution (no copy of the [B, T, V] tensor at temperature 1)."""
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _engine_diffs(
+    trainer_logp: torch.Tensor, idx: list[int], comp_ids, comps
+) -> list[torch.Tensor]:
+    """Per-sequence trainer-minus-engine log-prob differences of the sampled tokens."""
+    out = []
+    for row, i in enumerate(idx):
+        length = len(comp_ids[i])
+        if length:
+            out.append(
+                trainer_logp[row, :length].float() - torch.tensor(comps[i].logprobs[:length])
+            )
+    return out
 
 
 def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:

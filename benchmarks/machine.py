@@ -1,0 +1,109 @@
+"""Facts about the machine and the workers: matmul peak, load, peak resident memory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+
+def matmul_peak_flops(
+    *, n: int = 2048, dtype: str = "bfloat16", threads: int = 2, reps: int = 8
+) -> float:
+    """Best FLOP/s of ``torch.matmul`` on two ``[n, n]`` matrices of ``dtype`` with ``threads``.
+
+    One multiply is ``2 n^3`` FLOPs. The best of ``reps`` timed runs (after two warm-up runs) is
+    the peak: on a shared machine the best run is the one least disturbed by other work.
+    """
+    import torch
+
+    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype)
+    if dt is None:
+        raise ValueError(f"dtype={dtype!r}; known: bfloat16, float32")
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(n, n, generator=g).to(dt)
+        b = torch.randn(n, n, generator=g).to(dt)
+        for _ in range(2):
+            torch.matmul(a, b)
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            torch.matmul(a, b)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(old)
+    return 2.0 * n**3 / best
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def machine_info() -> dict:
+    """CPU model, core count, RAM and OS of this machine."""
+    model = platform.processor() or "unknown"
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": psutil.cpu_count(logical=True),
+        "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+    }
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` plus all its descendants (0 once it has exited)."""
+    try:
+        proc = psutil.Process(pid)
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for p in procs:
+        # a child may exit between listing and reading
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            total += p.memory_info().rss
+    return total
+
+
+class PeakRss:
+    """Samples a process tree's resident memory in a background thread; ``peak`` is the maximum."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2):
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss(self.pid))
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak

@@ -1,0 +1,132 @@
+"""The results files: ``<date>-<workload>.json`` (everything) and ``.md`` (the table)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+SIDES = ("rlvr", "trl")
+LABELS = {"rlvr": "rlvr", "trl": "TRL"}
+
+
+def _num(v, fmt: str = "{:.2f}") -> str:
+    return "n/a" if v is None else fmt.format(v)
+
+
+def _row(name: str, sides: dict, get: Callable[[dict], object], fmt: str, ratio: bool) -> str:
+    vals = [get(sides[s]) if s in sides else None for s in SIDES]
+    cells = [_num(v, fmt) for v in vals]
+    r = "n/a"
+    if ratio and all(isinstance(v, int | float) for v in vals) and vals[1]:
+        r = f"{vals[0] / vals[1]:.2f}"
+    elif not ratio:
+        r = ""
+    return f"| {name} | {cells[0]} | {cells[1]} | {r} |"
+
+
+def _warmup_text(payload: dict) -> str:
+    """How many first steps each side left out (a target run that stopped early keeps more)."""
+    used = {
+        LABELS[s]: res["summary"].get("warmup_used", payload["warmup"])
+        for s, res in payload["sides"].items()
+    }
+    counts = set(used.values())
+    if len(counts) == 1:
+        return f"first {counts.pop()} left out as warm-up"
+    return "warm-up steps left out: " + ", ".join(f"{k} {v}" for k, v in used.items())
+
+
+def render_markdown(payload: dict) -> str:
+    """A markdown report: the run's context, then one row per figure with both sides and rlvr/TRL."""
+    w = payload["workload"]
+    sides = {s: payload["sides"][s]["summary"] for s in payload["sides"]}
+    la0, la1 = payload["load_average_start"], payload["load_average_end"]
+    m = payload["machine"]
+    lines = [
+        f"# Benchmark `{w['name']}`: rlvr vs TRL GRPOTrainer ({payload['date']})",
+        "",
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB; "
+        f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
+        f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}",
+        f"- bf16 matmul peak (2048x2048, threads: {payload['threads']}): "
+        f"{payload['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s "
+        f"(float32: {payload['matmul_peak_gflops']['float32']:.0f})",
+        f"- Workload: model {payload['model']}, {w['prompts_per_step']} prompts x "
+        f"{w['group_size']} samples, at most {w['max_new_tokens']} new tokens, lr {w['lr']:g} "
+        f"constant, Dr.GRPO, beta 0, one update per batch, micro-batch {w['micro_batch']}, "
+        f"seed {payload['seed']}, threads: {payload['threads']}, bf16",
+        f"- Steps per side: {payload['steps']} ({_warmup_text(payload)}), "
+        f"alternating blocks of {payload['block']}; same prompts on both sides: "
+        f"{payload['prompts_match']}",
+        f"- Command: `{payload['command']}`",
+        "",
+        "| figure | rlvr | TRL | rlvr / TRL |",
+        "|---|---|---|---|",
+    ]
+
+    def phase(p):
+        return lambda s: s["phase_median_s"].get(p)
+
+    rows = [
+        ("step time, median (s)", lambda s: s["step_time_median_s"], "{:.2f}", True),
+        ("step time, IQR (s)", lambda s: s["step_time_iqr_s"], "{:.2f}", False),
+        ("- generation (s, median)", phase("generate"), "{:.2f}", True),
+        ("- reward (s, median)", phase("reward"), "{:.3f}", True),
+        ("- no-grad log-prob passes (s, median)", phase("logprob"), "{:.2f}", True),
+        ("- update: fwd+bwd+optimizer (s, median)", phase("update"), "{:.2f}", True),
+        ("- weight sync (s, median)", phase("sync"), "{:.2f}", False),
+        ("- other (s, median)", phase("other"), "{:.2f}", True),
+        ("completion length, mean (tokens)", lambda s: s["completion_len_mean"], "{:.1f}", True),
+        ("generated tokens/s", lambda s: s["gen_tokens_per_s"], "{:.1f}", True),
+        ("trained tokens/s", lambda s: s["trained_tokens_per_s"], "{:.1f}", True),
+        ("end-to-end tokens/s", lambda s: s["e2e_tokens_per_s"], "{:.1f}", True),
+        (
+            "training GFLOP/s",
+            lambda s: None if s["train_flops_per_s"] is None else s["train_flops_per_s"] / 1e9,
+            "{:.1f}",
+            True,
+        ),
+        (
+            "training, % of bf16 matmul peak",
+            lambda s: None if s["train_peak_fraction"] is None else 100 * s["train_peak_fraction"],
+            "{:.1f}",
+            True,
+        ),
+        ("peak RSS, children included (MB)", lambda s: s.get("peak_rss_mb"), "{:.0f}", True),
+        ("start-up until first step (s)", lambda s: s.get("startup_s"), "{:.1f}", True),
+        ("training reward, mean", lambda s: s["reward_mean"], "{:.3f}", False),
+    ]
+    if w.get("target_reward") is not None:
+        rows += [
+            (
+                f"time to {w['target_window']}-step mean reward {w['target_reward']} (s)",
+                lambda s: s.get("time_to_target_s"),
+                "{:.0f}",
+                True,
+            ),
+            ("... reached at step", lambda s: s.get("time_to_target_step"), "{:.0f}", False),
+        ]
+    lines += [_row(name, sides, get, fmt, ratio) for name, get, fmt, ratio in rows]
+    lines += ["", *[f"- {n}" for n in payload.get("notes", [])]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def results_paths(out_dir: Path, date: str, workload: str) -> tuple[Path, Path]:
+    """``<date>-<workload>.json`` / ``.md`` in ``out_dir``; ``-2``, ``-3``... if taken."""
+    out_dir = Path(out_dir)
+    stem = f"{date}-{workload}"
+    n = 1
+    while (out_dir / f"{stem}.json").exists() or (out_dir / f"{stem}.md").exists():
+        n += 1
+        stem = f"{date}-{workload}-{n}"
+    return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+
+
+def write_results(out_dir: Path, payload: dict) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    js, md = results_paths(out_dir, payload["date"], payload["workload"]["name"])
+    js.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+    md.write_text(render_markdown(payload))
+    return js, md

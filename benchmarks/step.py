@@ -1,0 +1,243 @@
+"""Side-by-side step benchmark, rlvr vs TRL's GRPOTrainer, in one run with alternating blocks.
+
+    python -m benchmarks.step --workload quick|default|long|target --steps N --out benchmarks/results/
+
+Each side runs in its own process (TRL in ``benchmarks/.venv-trl``, created on first use) on the
+same model folder, prompts, group size, token budget, dtype, algorithm, threads, lr and seed. The
+two processes stay alive and take turns (blocks of ``--block`` steps, ABBA order), so a change in
+the machine's load hits both sides alike. See ``benchmarks/README.md`` for how to read the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.machine import load_average, machine_info, matmul_peak_flops
+from benchmarks.report import render_markdown, write_results
+from benchmarks.runner import REPO, Worker, alternate, worker_env
+from benchmarks.stats import side_ratios, summarize_side, time_to_target
+from benchmarks.trl_env import ensure_trl_env
+from benchmarks.workloads import (
+    WORKLOADS,
+    check_workload,
+    get_workload,
+    prompt_digest,
+    step_schedule,
+)
+
+KNOWN_SIDES = ("rlvr", "trl")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.step", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--workload", default="quick", help=f"one of {', '.join(WORKLOADS)}")
+    p.add_argument("--steps", type=int, default=None, help="steps per side (cap for 'target')")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument("--block", type=int, default=None, help="steps per turn (workload default)")
+    p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sides", default="rlvr,trl", help="comma-separated subset of rlvr,trl")
+    p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
+    p.add_argument(
+        "--no-install", action="store_true", help="fail instead of creating the TRL venv"
+    )
+    p.add_argument(
+        "--work-dir", type=Path, default=None, help="logs and run dirs (default: a temp dir)"
+    )
+    p.add_argument("--block-timeout", type=float, default=3600.0, help="seconds one block may take")
+    args = p.parse_args(argv)
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    bad = [s for s in sides if s not in KNOWN_SIDES]
+    if bad or not sides:
+        p.error(f"--sides={args.sides!r}: unknown {bad}; known: {', '.join(KNOWN_SIDES)}")
+    args.sides = sides
+    if args.threads < 1:
+        p.error(f"--threads={args.threads}: must be >= 1")
+    return args
+
+
+def prepare_model(model: str, work: Path) -> Path:
+    """The model folder both sides load: the embedded default or a freshly saved tiny model."""
+    if model == "tiny":
+        from rlvr.training.tiny import save_tiny_model
+
+        return save_tiny_model(work / "tiny-model")
+    from rlvr.training.policy import DEFAULT_MODEL, resolve_model_path
+
+    return Path(resolve_model_path(DEFAULT_MODEL))
+
+
+def prompts_agree(workers: dict[str, Worker], schedule: list[list[dict]]) -> bool:
+    """True when every side trained step k on the prompts of step k of the schedule, with the
+    same prompt token counts on both sides (a tokenizer adding a BOS on one side would differ)."""
+    expected = [prompt_digest([r["prompt"] for r in step]) for step in schedule]
+    lens: list[list] = []
+    for w in workers.values():
+        digests = [r.get("prompt_digest") for r in w.steps]
+        if digests != expected[: len(digests)]:
+            return False
+        lens.append([r.get("prompt_lens") for r in w.steps])
+    n = min(len(x) for x in lens)
+    return all(x[:n] == lens[0][:n] for x in lens)
+
+
+def side_result(w: Worker, warmup: int, peak_flops: float, target: float | None, window: int):
+    """Summary figures of one side (warm-up shortened when a target run stopped early)."""
+    eff_warmup = min(warmup, max(0, len(w.steps) - 1))
+    summary = summarize_side(w.steps, eff_warmup, w.ready, peak_flops)
+    summary["warmup_used"] = eff_warmup
+    summary["peak_rss_mb"] = w.rss.peak / 2**20
+    summary["startup_s"] = w.ready.get("startup_s")
+    summary["threads"] = w.ready.get("threads")
+    if target is not None:
+        hit = time_to_target(w.steps, target, window)
+        summary["time_to_target_s"] = hit["seconds"] if hit else None
+        summary["time_to_target_step"] = hit["step"] if hit else None
+    return {"summary": summary, "ready": w.ready, "done": w.done, "steps": w.steps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        w = get_workload(args.workload)
+        steps = args.steps if args.steps is not None else w.steps
+        check_workload(w, steps)
+    except ValueError as exc:
+        print(f"[bench] {exc}", file=sys.stderr)
+        return 2
+    block = args.block or w.block
+    warmup = w.warmup if args.warmup is None else args.warmup
+    if w.target_reward is None and warmup >= steps:
+        print(f"[bench] --warmup={warmup} leaves no measured step of {steps}", file=sys.stderr)
+        return 2
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix=f"rlvr-bench-{w.name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"[bench] workload {w.name}, {steps} steps per side, logs in {work}", flush=True)
+
+    load_start = load_average()
+    peaks = {
+        dt: matmul_peak_flops(dtype=dt, threads=args.threads) / 1e9
+        for dt in ("bfloat16", "float32")
+    }
+    print(
+        f"[bench] matmul peak bf16 {peaks['bfloat16']:.0f} GFLOP/s, load {load_start}", flush=True
+    )
+
+    from transformers import AutoTokenizer
+
+    model_dir = prepare_model(w.model, work)
+    schedule = step_schedule(w, steps, AutoTokenizer.from_pretrained(model_dir), args.seed)
+    trl_python = (
+        ensure_trl_env(args.trl_venv, install=not args.no_install) if "trl" in args.sides else None
+    )
+
+    workers: dict[str, Worker] = {}
+    try:
+        for side in args.sides:
+            spec = {
+                "model_dir": str(model_dir),
+                "prompts_per_step": w.prompts_per_step,
+                "group_size": w.group_size,
+                "max_new_tokens": w.max_new_tokens,
+                "micro_batch": w.micro_batch,
+                "lr": w.lr,
+                "steps": steps,
+                "seed": args.seed,
+                "threads": args.threads,
+                "work_dir": str(work / side),
+                "schedule": schedule,
+            }
+            (work / side).mkdir(exist_ok=True)
+            spec_path = work / f"{side}-spec.json"
+            spec_path.write_text(json.dumps(spec))
+            if side == "rlvr":
+                argv_w = [sys.executable, "-m", "benchmarks.worker_rlvr", str(spec_path)]
+                env = worker_env(args.threads, [REPO])
+            else:
+                argv_w = [str(trl_python), "-m", "benchmarks.worker_trl", str(spec_path)]
+                env = worker_env(args.threads, [REPO, REPO / "src"])
+            worker = Worker(side, argv_w, env, work / f"{side}.log").start()
+            workers[side] = worker
+            # one side at a time even while loading, so start-up times are not shared
+            worker.wait_ready(timeout_s=1800)
+            print(f"[bench] {side} ready after {worker.ready['startup_s']:.1f} s", flush=True)
+        alternate(
+            workers,
+            steps=steps,
+            block=block,
+            target=w.target_reward,
+            window=w.target_window,
+            block_timeout_s=args.block_timeout,
+            log=lambda msg: print(msg, flush=True),
+        )
+    finally:
+        for worker in workers.values():
+            worker.close()
+    load_end = load_average()
+
+    peak = peaks["bfloat16"] * 1e9
+    sides = {
+        s: side_result(wk, warmup, peak, w.target_reward, w.target_window)
+        for s, wk in workers.items()
+    }
+    notes = [
+        "Training FLOPs = 6 x body parameters x (prompt + completion tokens) + 6 x LM-head "
+        "parameters x completion tokens, real tokens only; achieved FLOP/s divides by the update "
+        "phase's time.",
+        "Times are medians over the steps after warm-up; token rates are totals over those steps "
+        "divided by the phase's total time.",
+    ]
+    if load_start[0] > 0.5 or load_end[0] > 2.5:
+        notes.append(
+            f"The machine was not quiet (1-min load average {load_start[0]:.2f} at start, "
+            f"{load_end[0]:.2f} at end; the benchmark itself runs {args.threads} thread(s)): "
+            "absolute times are noisy; the ratios are fairer since the sides alternate."
+        )
+    if w.target_reward is not None:
+        for s, res in sides.items():
+            if res["summary"].get("time_to_target_s") is None:
+                notes.append(
+                    f"{s} did not reach the target within {len(res['steps'])} steps (capped run)."
+                )
+    payload = {
+        "date": time.strftime("%Y-%m-%d"),
+        "time": time.strftime("%H:%M:%S"),
+        "command": "python -m benchmarks.step " + shlex.join(argv),
+        "workload": w.to_dict(),
+        "model": "tiny (rlvr.training.tiny)" if w.model == "tiny" else "SmolLM2-135M-Instruct",
+        "model_dir": str(model_dir),
+        "steps": steps,
+        "warmup": warmup,
+        "block": block,
+        "seed": args.seed,
+        "threads": args.threads,
+        "machine": machine_info(),
+        "load_average_start": list(load_start),
+        "load_average_end": list(load_end),
+        "matmul_peak_gflops": peaks,
+        "prompts_match": prompts_agree(workers, schedule),
+        "work_dir": str(work),
+        "sides": sides,
+        "ratios": side_ratios(sides["rlvr"]["summary"], sides["trl"]["summary"])
+        if len(sides) == 2
+        else {},
+        "notes": notes,
+    }
+    js, md = write_results(args.out, payload)
+    print(render_markdown(payload))
+    print(f"[bench] wrote {js} and {md}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

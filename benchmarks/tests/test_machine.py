@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from benchmarks import machine
+from benchmarks.machine import PeakRss, matmul_peak_flops, tree_rss
+
+
+def test_matmul_peak_arithmetic(monkeypatch):
+    # every timed matmul "takes" 0.5 s: 2 * 4^3 FLOPs / 0.5 s = 256 FLOP/s
+    ticks = iter(x * 0.5 for x in range(100))
+    monkeypatch.setattr(machine.time, "perf_counter", lambda: next(ticks))
+    assert matmul_peak_flops(n=4, threads=1, reps=3) == 256.0
+
+
+def test_matmul_peak_rejects_unknown_dtype():
+    with pytest.raises(ValueError, match="known: bfloat16, float32"):
+        matmul_peak_flops(dtype="int8")
+
+
+def test_tree_rss_counts_children():
+    # a child that holds 200 MB of touched memory must show up in the parent's tree total
+    code = "import sys,time; b = bytearray(200 * 2**20); print('ok', flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ok"
+        own = psutil.Process().memory_info().rss
+        total = tree_rss(os.getpid())
+        assert total >= own + 190 * 2**20
+        sampler = PeakRss(os.getpid(), interval_s=0.05).start()
+        time.sleep(0.2)
+        assert sampler.stop() >= own + 190 * 2**20
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_tree_rss_of_a_finished_process_is_zero():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    assert tree_rss(child.pid) == 0

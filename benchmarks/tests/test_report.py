@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import json
+
+from benchmarks.report import render_markdown, results_paths, write_results
+
+
+def _summary(step_s: float, rss: float, ttt: float | None = None) -> dict:
+    return {
+        "step_time_median_s": step_s,
+        "step_time_iqr_s": 0.5,
+        "phase_median_s": {"generate": step_s / 2, "update": step_s / 4, "other": 0.1},
+        "completion_len_mean": 30.0,
+        "gen_tokens_per_s": 100.0,
+        "trained_tokens_per_s": 400.0,
+        "e2e_tokens_per_s": 50.0,
+        "train_flops_per_s": 2e11,
+        "train_peak_fraction": 0.25,
+        "peak_rss_mb": rss,
+        "startup_s": 10.0,
+        "reward_mean": 0.5,
+        "time_to_target_s": ttt,
+        "time_to_target_step": 3 if ttt else None,
+    }
+
+
+def _payload(name="default", target=None, trl=True):
+    sides = {"rlvr": {"summary": _summary(2.0, 900.0, 60.0)}}
+    if trl:
+        sides["trl"] = {"summary": _summary(4.0, 1200.0, None)}
+    return {
+        "date": "2030-01-02",
+        "workload": {
+            "name": name,
+            "prompts_per_step": 2,
+            "group_size": 8,
+            "max_new_tokens": 64,
+            "lr": 2e-5,
+            "micro_batch": 8,
+            "target_reward": target,
+            "target_window": 3,
+        },
+        "model": "SmolLM2-135M-Instruct",
+        "machine": {"cpu": "Test CPU", "cores": 2, "ram_gib": 24.0},
+        "load_average_start": [0.1, 0.2, 0.3],
+        "load_average_end": [1.0, 0.5, 0.4],
+        "matmul_peak_gflops": {"bfloat16": 640.0, "float32": 160.0},
+        "threads": 2,
+        "seed": 0,
+        "steps": 10,
+        "warmup": 2,
+        "block": 2,
+        "prompts_match": True,
+        "command": "python -m benchmarks.step --workload default",
+        "sides": sides,
+        "notes": ["a note"],
+    }
+
+
+def _cells(md: str, figure: str) -> list[str]:
+    row = next(line for line in md.splitlines() if line.startswith(f"| {figure} |"))
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_table_has_both_sides_and_ratios():
+    md = render_markdown(_payload())
+    # step time 2.0 vs 4.0 -> 0.50; peak RSS 900 vs 1200 -> 0.75; generation 1.0 vs 2.0 -> 0.50
+    assert _cells(md, "step time, median (s)") == ["step time, median (s)", "2.00", "4.00", "0.50"]
+    assert _cells(md, "peak RSS, children included (MB)")[1:] == ["900", "1200", "0.75"]
+    assert _cells(md, "- generation (s, median)")[1:] == ["1.00", "2.00", "0.50"]
+    assert _cells(md, "training, % of bf16 matmul peak")[1:] == ["25.0", "25.0", "1.00"]
+    assert "load average (1/5/15 min) at start 0.10/0.20/0.30" in md
+    assert "- a note" in md
+    assert "Steps per side: 10 (first 2 left out as warm-up)" in md
+    assert "time to" not in md  # not a target workload
+
+
+def test_target_rows_and_missing_values():
+    md = render_markdown(_payload("target", target=0.9))
+    assert _cells(md, "time to 3-step mean reward 0.9 (s)")[1:] == ["60", "n/a", "n/a"]
+    # a target run that stopped at step 2 keeps only 1 warm-up step on that side
+    payload = _payload("target", target=0.9)
+    payload["sides"]["rlvr"]["summary"]["warmup_used"] = 1
+    assert "warm-up steps left out: rlvr 1, TRL 2" in render_markdown(payload)
+    md = render_markdown(_payload(trl=False))
+    assert _cells(md, "step time, median (s)")[1:] == ["2.00", "n/a", "n/a"]
+
+
+def test_results_files_never_overwrite(tmp_path):
+    js, md = write_results(tmp_path, _payload())
+    assert (js.name, md.name) == ("2030-01-02-default.json", "2030-01-02-default.md")
+    assert json.loads(js.read_text())["sides"]["rlvr"]["summary"]["peak_rss_mb"] == 900.0
+    assert md.read_text() == render_markdown(_payload())
+    js2, _ = results_paths(tmp_path, "2030-01-02", "default")
+    assert js2.name == "2030-01-02-default-2.json"

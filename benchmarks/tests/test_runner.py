@@ -1,0 +1,152 @@
+"""The turn-taking logic, then the real rlvr worker driven through the real protocol."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from benchmarks.runner import REPO, Worker, alternate, block_order, worker_env
+from benchmarks.worker_rlvr import config_overrides
+from benchmarks.workloads import get_workload, prompt_digest, step_schedule
+
+
+def test_block_order_is_abba():
+    assert [block_order(["a", "b"], r) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+
+
+@dataclass
+class FakeWorker:
+    side: str
+    rewards: list[float]
+    calls: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    finished: bool = False
+
+    def run_block(self, k, timeout_s):
+        self.calls.append(k)
+        for _ in range(k):
+            self.steps.append({"wall_s": 1.0, "reward_mean": self.rewards[len(self.steps)]})
+
+    def close(self):
+        self.finished = True
+
+
+def test_alternate_runs_every_side_to_the_cap():
+    order = []
+    a, b = FakeWorker("a", [0.0] * 5), FakeWorker("b", [0.0] * 5)
+    for w in (a, b):
+        w.run_block = _recording(w.run_block, order, w.side)
+    alternate({"a": a, "b": b}, steps=5, block=2, target=None, window=3, block_timeout_s=1, log=str)
+    # blocks of 2, 2, then the 1 step left; turns in ABBA order
+    assert a.calls == [2, 2, 1] and b.calls == [2, 2, 1]
+    assert order == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_alternate_stops_a_side_at_its_target():
+    # a: 3-step mean first reaches 0.9 at step 3 (1, 1, 1); b never does
+    a, b = FakeWorker("a", [1.0] * 6), FakeWorker("b", [0.0] * 6)
+    alternate({"a": a, "b": b}, steps=6, block=3, target=0.9, window=3, block_timeout_s=1, log=str)
+    assert len(a.steps) == 3 and a.finished
+    assert len(b.steps) == 6
+
+
+def _recording(fn, order, side):
+    def run(k, timeout_s):
+        order.append(side)
+        fn(k, timeout_s)
+
+    return run
+
+
+def test_worker_config_is_valid_rlvr_config():
+    from rlvr.config import load_config
+
+    spec = {
+        "model_dir": "/m",
+        "group_size": 8,
+        "prompts_per_step": 2,
+        "micro_batch": 8,
+        "max_new_tokens": 64,
+        "lr": 2e-5,
+        "steps": 4,
+        "seed": 3,
+        "threads": 2,
+    }
+    cfg = load_config(None, config_overrides(spec))
+    assert (cfg.algo.objective, cfg.algo.beta, cfg.algo.epochs_per_batch) == ("drgrpo", 0.0, 1)
+    assert cfg.loss_agg_mode() == "seq_mean_token_sum_norm"  # Dr.GRPO = TRL's loss_type dr_grpo
+    assert (cfg.train.lr, cfg.train.schedule, cfg.train.seed) == (2e-5, "constant", 3)
+    assert (cfg.model.autocast, cfg.model.dtype, cfg.rollout.max_new_tokens) == (
+        "bf16",
+        "float32",
+        64,
+    )
+
+
+def test_rlvr_worker_end_to_end(tmp_path):
+    """The rlvr worker on a tiny model: two blocks of one step, then stop."""
+    from rlvr.training.tiny import build_char_tokenizer, save_tiny_model
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    w = get_workload("quick")
+    schedule = step_schedule(w, 2, build_char_tokenizer(), seed=0)
+    spec = {
+        "model_dir": str(model_dir),
+        "prompts_per_step": w.prompts_per_step,
+        "group_size": w.group_size,
+        "max_new_tokens": 8,
+        "micro_batch": w.micro_batch,
+        "lr": w.lr,
+        "steps": 2,
+        "seed": 0,
+        "threads": 1,
+        "work_dir": str(tmp_path / "work"),
+        "schedule": schedule,
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    argv = [sys.executable, "-m", "benchmarks.worker_rlvr", str(tmp_path / "spec.json")]
+    worker = Worker("rlvr", argv, worker_env(1, [REPO]), tmp_path / "rlvr.log").start()
+    try:
+        ready = worker.wait_ready(timeout_s=120)
+        worker.run_block(1, timeout_s=120)
+        assert len(worker.steps) == 1
+        worker.run_block(1, timeout_s=120)
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0, (tmp_path / "rlvr.log").read_text()
+    assert ready["threads"] == 1 and ready["total_params"] > ready["nonembed_params"] > 0
+    assert [r["prompt_digest"] for r in worker.steps] == [
+        prompt_digest([r["prompt"] for r in step]) for step in schedule
+    ]
+    for rec in worker.steps:
+        assert rec["sequences"] == 8  # 2 prompts x 4 samples
+        assert 0 < rec["completion_tokens"] <= 8 * 8  # at most 8 new tokens each
+        assert rec["prompt_tokens"] == sum(rec["prompt_lens"]) * 4
+        assert set(rec["phases"]) == {"generate", "reward", "logprob", "update", "sync"}
+        assert rec["wall_s"] >= rec["phases"]["generate"] + rec["phases"]["update"]
+        assert 0.0 <= rec["reward_mean"] <= 1.0
+    assert worker.done["maxrss_self_mb"] > 0
+    assert worker.rss.peak > 0
+    # the worker stopped before the final save: no model was written
+    assert not (tmp_path / "work" / "rlvr-run" / "final").exists()
+
+
+@pytest.mark.slow
+def test_quick_benchmark_both_sides(tmp_path):
+    """The whole runner with TRL (creates benchmarks/.venv-trl on first use: minutes)."""
+    from benchmarks.step import main
+
+    assert (
+        main(["--workload", "quick", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)]) == 0
+    )
+    (js,) = tmp_path.glob("*-quick.json")
+    payload = json.loads(js.read_text())
+    assert payload["prompts_match"] is True
+    for side in ("rlvr", "trl"):
+        res = payload["sides"][side]
+        assert len(res["steps"]) == 3 and res["summary"]["measured_steps"] == 2
+        assert res["ready"]["total_params"] == payload["sides"]["rlvr"]["ready"]["total_params"]
+    assert payload["sides"]["trl"]["ready"]["versions"]["trl"] == "1.16.0"

@@ -1,0 +1,133 @@
+"""The rlvr side of a benchmark: ``python -m benchmarks.worker_rlvr SPEC.json`` (rlvr's venv).
+
+It runs the real trainer (``Trainer(cfg).fit()``) and only wraps ``train_step`` so that the
+runner decides when each block of steps runs (see ``protocol.Gate``) and gets one record per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.model_info import param_counts
+from benchmarks.protocol import Gate
+from benchmarks.workloads import prompt_digest
+
+
+class BenchStop(Exception):
+    """Raised out of the wrapped step when the runner says stop (before the final save)."""
+
+
+def config_overrides(spec: dict) -> list[str]:
+    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, bf16 autocast."""
+    return [
+        f"model.name_or_path={spec['model_dir']}",
+        "model.dtype=float32",
+        "model.autocast=bf16",
+        "data.task=arithmetic",
+        "data.template=chat",
+        "algo.objective=drgrpo",
+        "algo.beta=0",
+        "algo.epochs_per_batch=1",
+        "algo.minibatches=1",
+        f"algo.group_size={spec['group_size']}",
+        f"algo.prompts_per_step={spec['prompts_per_step']}",
+        f"algo.micro_batch_size={spec['micro_batch']}",
+        "rollout.engine=hf",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        "rollout.top_k=0",
+        f"rollout.max_new_tokens={spec['max_new_tokens']}",
+        f"train.lr={spec['lr']}",
+        "train.schedule=constant",
+        "train.warmup_steps=0",
+        f"train.max_steps={spec['steps']}",
+        f"train.seed={spec['seed']}",
+        f"train.threads={spec['threads']}",
+        "train.preflight_step=0",
+        "eval.before_after=false",
+        "logging.samples_every=0",
+        "logging.progress=false",
+        # A tiny random model never earns a reward; the benchmark must not stop on that.
+        "health.reward_stuck.action=warn",
+        "health.grad_norm_zero.action=warn",
+    ]
+
+
+def step_record(trainer, metrics: dict) -> dict:
+    prompt_texts, _rows, groups, _rewards = trainer._last_batch
+    comps = [c for grp in groups for c in grp]
+    tok = trainer.tokenizer
+    prompt_lens = [len(tok(t, add_special_tokens=False).input_ids) for t in prompt_texts]
+    return {
+        "phases": {
+            "generate": metrics["time_rollout"],
+            "reward": metrics["time_reward"],
+            "logprob": metrics["time_reference"],
+            "update": metrics["time_update"],
+            "sync": metrics["time_sync"],
+        },
+        "completion_tokens": sum(len(c.token_ids) for c in comps),
+        "prompt_tokens": sum(n * len(g) for n, g in zip(prompt_lens, groups, strict=True)),
+        "prompt_lens": prompt_lens,
+        "sequences": len(comps),
+        "reward_mean": metrics["reward_mean"],
+        "prompt_digest": prompt_digest(prompt_texts),
+        "inner_step_s": metrics["time_step"],
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m benchmarks.worker_rlvr SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    import torch
+
+    from rlvr.config import load_config
+    from rlvr.training.trainer import Trainer
+
+    torch.set_num_threads(spec["threads"])
+    cfg = load_config(None, config_overrides(spec))
+    trainer = Trainer(cfg, run_dir=Path(spec["work_dir"]) / "rlvr-run")
+    gate = Gate()
+    inner = trainer.train_step
+    started = False
+
+    def gated_step() -> dict:
+        nonlocal started
+        if not started:
+            started = True
+            startup = time.time() - psutil.Process().create_time()
+            import transformers
+
+            ready = gate.start(
+                side="rlvr",
+                startup_s=startup,
+                threads=torch.get_num_threads(),
+                versions={"torch": torch.__version__, "transformers": transformers.__version__},
+                **param_counts(trainer.model),
+            )
+            if not ready:
+                raise BenchStop
+        metrics = inner()
+        if not gate.step_done(step_record(trainer, metrics)):
+            raise BenchStop
+        return metrics
+
+    trainer.train_step = gated_step
+    with contextlib.suppress(BenchStop):  # the runner's stop, raised out of a step
+        trainer.fit()
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    gate.emit("done", side="rlvr", maxrss_self_mb=self_kb / 1024)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

