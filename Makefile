@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup setup-vllm demo test test-slow lint bench clean-venv
+.PHONY: setup setup-vllm demo test test-slow test-vllm lint bench clean-venv
 
 setup: $(VENV)/.rlvr-installed
 
@@ -43,6 +43,9 @@ test: setup
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
+
+test-vllm: setup-vllm
+	$(PY) -m pytest -q -m vllm tests/rollout
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

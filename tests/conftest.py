@@ -15,6 +15,9 @@ TESTS_DIR = Path(__file__).parent
 sys.path.insert(0, str(TESTS_DIR))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# rollout.engine defaults to "auto" (vLLM when installed); tests outside tests/rollout use the
+# transformers engine whatever is installed, so they behave the same with and without vLLM.
+os.environ["RLVR_NO_VLLM"] = "1"
 
 
 @pytest.fixture(scope="session")

