@@ -162,6 +162,8 @@ class Trainer:
         seq_comp_ids = [c.token_ids for c in comps]
         metrics = self._global_rollout_metrics(scores, valid, comps, rewards)
 
+        if cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
+            self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr_used = self.ctx.scheduler.get_last_lr()[0]
         t = time.perf_counter()
         seq_prompts = [p for p in prompt_texts for _ in range(g)]
