@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -256,12 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _json_default(o):  # pragma: no cover - printing helper
-    return str(o)
-
-
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["main", "build_parser", "json"]
+__all__ = ["main", "build_parser"]

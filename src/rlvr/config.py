@@ -274,7 +274,6 @@ class Config(Section):
             )
         if a.prompts_per_step < 1:
             out.append(f"algo.prompts_per_step={a.prompts_per_step}: must be >= 1")
-        n_seq = a.prompts_per_step * max(a.group_size, 1)
         if a.prompts_per_step >= 1 and a.prompts_per_step % a.minibatches:
             out.append(
                 f"algo.minibatches={a.minibatches} must divide algo.prompts_per_step={a.prompts_per_step} "
@@ -351,7 +350,6 @@ class Config(Section):
                 f"train.warmup_steps={self.train.warmup_steps} >= train.max_steps={self.train.max_steps}: "
                 "the run would end before reaching its peak learning rate"
             )
-        del n_seq
         return out
 
     def validate_against_model(self, context_length: int | None) -> list[str]:

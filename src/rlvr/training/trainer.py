@@ -7,10 +7,8 @@ log-probs in `policy.py`, metric summaries in `step_metrics.py`.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -534,7 +532,3 @@ def _pad_rows(rows: list[torch.Tensor], width: int) -> torch.Tensor:
         if r is not None and len(r):
             out[i, : len(r)] = r[:width].float()
     return out
-
-
-def main_guard() -> None:  # pragma: no cover - used by `python -m rlvr.training.trainer`
-    print(json.dumps({"error": "use `rlvr train`"}), file=sys.stderr)
