@@ -321,3 +321,22 @@ def test_value_loss_by_hand():
     plain, plain_stats = value_loss(values, old, returns, mask, clip=None)
     assert plain.item() == pytest.approx(0.375)
     assert plain_stats["value_clip_frac"] == 0.0
+
+
+def test_ratio_stats_by_hand_and_equal_to_policy_loss_stats():
+    from rlvr.algorithms import ratio_stats
+
+    # one sequence, two tokens: log-ratios ln 2 and 0, advantage +1
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[math.log(2.0), 0.0]])
+    mask = torch.ones(1, 2)
+    adv = torch.tensor([1.0])
+    st = ratio_stats(logp, old, adv, mask)
+    assert st["ratio_max"] == pytest.approx(2.0)
+    assert st["ratio_mean"] == pytest.approx(1.5)  # (2 + 1) / 2
+    assert st["clip_frac_high"] == pytest.approx(0.5)  # ratio 2 > 1.2 with A > 0: 1 token of 2
+    assert st["clip_frac_low"] == 0.0
+    # approx_kl = mean(ratio - 1 - log ratio) = ((2 - 1 - ln 2) + 0) / 2 = 0.153426
+    assert st["approx_kl"] == pytest.approx((1 - math.log(2.0)) / 2, abs=1e-6)
+    _, from_loss = policy_loss(logp, old, adv, mask, agg_mode="token_mean")
+    assert {k: from_loss[k] for k in st} == pytest.approx(st)

@@ -105,7 +105,7 @@ def test_each_objective_runs_with_finite_metrics(tiny_model_dir, tmp_path, objec
     lines = [m for m in read_lines(run_dir) if "reward_mean" in m]
     assert [m["step"] for m in lines] == [1, 2, 3]
     for m in lines:
-        keys = REQUIRED + (PPO_STATS if objective != "maxent_listwise" else [])
+        keys = REQUIRED + PPO_STATS
         if "algo.beta=0.1" in extra or "algo.beta=0.05" in extra:
             keys = keys + ["kl"]
         missing = [k for k in keys if k not in m]

@@ -24,6 +24,7 @@ from rlvr.algorithms.losses import (
     aggregate,
     aggregate_denominator,
     policy_loss,
+    ratio_stats,
     value_loss,
 )
 from rlvr.algorithms.maxent import (
@@ -65,6 +66,7 @@ __all__ = [
     "maxent_listwise_loss",
     "maxent_weights",
     "policy_loss",
+    "ratio_stats",
     "psgrpo_step_advantages",
     "register_advantage",
     "register_loss",

@@ -248,6 +248,28 @@ def _ratio_stats(
     return dict(zip(stats, values, strict=True))
 
 
+def ratio_stats(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    log_ratio_clamp: float = 20.0,
+) -> dict[str, float]:
+    """The ratio diagnostics of :func:`policy_loss` for any objective that has token log-ratios
+    (e.g. the listwise objective, whose loss is not a per-token surrogate). Shapes as there."""
+    m = require_mask("mask", mask)
+    zeros = torch.zeros_like(logp)
+    raw = torch.where(m, (logp - old_logp).detach(), zeros)
+    adv = advantages.unsqueeze(-1).expand_as(raw) if advantages.dim() == 1 else advantages
+    adv = torch.where(m, adv.detach().to(raw.dtype), zeros)
+    clamped = raw.clamp(-log_ratio_clamp, log_ratio_clamp)
+    return _ratio_stats(raw, clamped, adv, m, clip_low, clip_high, dual_clip)
+
+
 @register_loss("value_clip")
 def value_loss(
     values: Tensor,

@@ -16,6 +16,7 @@ from rlvr.algorithms import (
     maxent_clip_term,
     maxent_listwise_loss,
     policy_loss,
+    ratio_stats,
     sequence_logp,
     value_loss,
 )
@@ -130,12 +131,17 @@ def _maxent_loss(cfg: Config, mb: MicroBatch, counts: MinibatchCounts) -> tuple[
         )
         loss = loss + m.clip_objective_coef * clip * scale
         stats["maxent_clip_term"] = float(clip.detach())
-    # ratio diagnostics on tokens, same as the other objectives
-    log_ratio = (mb.logp - mb.old_logp).detach()[mb.mask.bool()]
-    if log_ratio.numel():
-        stats.update(
-            log_ratio_max=float(log_ratio.max()),
-            log_ratio_min=float(log_ratio.min()),
-            ratio_max=float(log_ratio.clamp(max=20).exp().max()),
+    # the same ratio diagnostics as the other objectives, with the clip term's advantage w - 1/K
+    adv = (mb.maxent_weights - 1.0 / k).reshape(-1)
+    stats.update(
+        ratio_stats(
+            mb.logp,
+            mb.old_logp,
+            adv,
+            mb.mask,
+            clip_low=cfg.algo.clip_low,
+            clip_high=cfg.algo.clip_high,
+            log_ratio_clamp=cfg.algo.log_ratio_clamp,
         )
+    )
     return loss, stats
