@@ -197,13 +197,12 @@ class Trainer:
         temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
         valid_flat = valid.view(-1)
         need_old = a.epochs_per_batch > 1 or a.minibatches > 1
-        need_ref = a.beta > 0 or (
-            a.objective == "maxent_listwise" and a.maxent.length_normalize_ref and a.beta > 0
-        )
+        need_ref = a.beta > 0  # KL (loss or reward) and maxent's reference term
+
         t_ref = 0.0
 
-        # Pass 1 (no grad): trainer log-probs for the engine trust check, old log-probs when the
-        # batch is used more than once, reference log-probs when KL or maxent's beta needs them.
+        # Pass 1 (no grad), only when needed: old log-probs when the batch is used more than once,
+        # reference log-probs when KL or maxent's beta needs them (and the trust check from them).
         old_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         ref_logp: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
         old_values: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
