@@ -117,6 +117,19 @@ def _masked_stats(x: Tensor, m: Tensor) -> Tensor:
     return torch.stack([sel.mean(), sel.min(), sel.max()])
 
 
+def _masked_log_ratio(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, m: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``logp - old_logp`` and the advantages with masked positions set to 0 (all ``[N, T]``).
+
+    Masked positions are replaced before any arithmetic so that a NaN/inf log-prob in padding
+    cannot leak into the gradient through exp() (0 * exp(nan) is nan in backward).
+    """
+    zeros = torch.zeros_like(logp)
+    raw_log_ratio = torch.where(m, logp - old_logp.detach(), zeros)
+    return raw_log_ratio, torch.where(m, adv.detach().to(logp.dtype), zeros)
+
+
 @register_loss("ppo_clip")
 def policy_loss(
     logp: Tensor,
@@ -184,11 +197,7 @@ def policy_loss(
     require_positive("log_ratio_clamp", log_ratio_clamp)
     m = require_mask("mask", mask)
 
-    zeros = torch.zeros_like(logp)
-    # Masked positions are replaced before any arithmetic so that a NaN/inf log-prob in padding
-    # cannot leak into the gradient through exp() (0 * exp(nan) is nan in backward).
-    raw_log_ratio = torch.where(m, logp - old_logp.detach(), zeros)
-    adv = torch.where(m, adv.detach().to(logp.dtype), zeros)
+    raw_log_ratio, adv = _masked_log_ratio(logp, old_logp, adv, m)
     log_ratio = raw_log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
 
@@ -199,7 +208,9 @@ def policy_loss(
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     if is_weights is not None:
         require_same_shape(logp=logp, is_weights=is_weights)
-        per_token = per_token * torch.where(m, is_weights.detach().to(logp.dtype), zeros)
+        per_token = per_token * torch.where(
+            m, is_weights.detach().to(logp.dtype), torch.zeros_like(logp)
+        )
     loss = aggregate(per_token, mask, agg_mode, max_len=max_len, denominator=denominator)
     stats = _ratio_stats(
         raw_log_ratio.detach(), log_ratio.detach(), adv, m, clip_low, clip_high, dual_clip
@@ -262,10 +273,8 @@ def ratio_stats(
     """The ratio diagnostics of :func:`policy_loss` for any objective that has token log-ratios
     (e.g. the listwise objective, whose loss is not a per-token surrogate). Shapes as there."""
     m = require_mask("mask", mask)
-    zeros = torch.zeros_like(logp)
-    raw = torch.where(m, (logp - old_logp).detach(), zeros)
-    adv = advantages.unsqueeze(-1).expand_as(raw) if advantages.dim() == 1 else advantages
-    adv = torch.where(m, adv.detach().to(raw.dtype), zeros)
+    adv = advantages.unsqueeze(-1).expand_as(logp) if advantages.dim() == 1 else advantages
+    raw, adv = _masked_log_ratio(logp.detach(), old_logp, adv, m)
     clamped = raw.clamp(-log_ratio_clamp, log_ratio_clamp)
     return _ratio_stats(raw, clamped, adv, m, clip_low, clip_high, dual_clip)
 
