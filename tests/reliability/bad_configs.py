@@ -102,10 +102,22 @@ NUMERIC_KNOBS = [
     "reward.max_failure_fraction",
     "health.window",
 ]
+
+
+def _spells_a_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
 WRONG_TYPES = st.one_of(
     st.lists(st.integers(), min_size=1, max_size=3),
     st.dictionaries(_WORDS, st.integers(), min_size=1, max_size=2),
-    _WORDS.filter(lambda w: not w.isdigit() and w not in ("inf", "nan", "infinity")),
+    # words that are not numbers: pydantic reads a numeric string ("0.2", "0e0", "inf") as the
+    # number it spells, which is fine for a config value, so those are not "wrong types"
+    _WORDS.filter(lambda w: not _spells_a_number(w)),
 )
 
 # NaN is never a setting. An infinity is not one either for these knobs: an infinite learning
