@@ -10,7 +10,6 @@ the run's), or ``--base`` when the checkpoint was copied away from the machine i
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.training.policy import resolve_model_path
+    from rlvr.training.policy import resolve_model_path, save_model_folder
 
     adapter = adapter_folder(path)
     model_cfg = _model_config(Path(path))
@@ -80,14 +79,7 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     tok_source = adapter if (adapter / "tokenizer_config.json").exists() else base_path
     tokenizer = AutoTokenizer.from_pretrained(tok_source)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    merged.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)
-    return out
+    return save_model_folder(merged, tokenizer, out)
 
 
 def add_merge_args(p: argparse.ArgumentParser) -> None:

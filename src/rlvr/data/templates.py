@@ -45,3 +45,18 @@ def render_prompt(
     if template == "none":
         return f"{system_prompt}\n\n{question}" if system_prompt else question
     raise ValueError(f"unknown template {template!r}; known: {', '.join(TEMPLATES)}")
+
+
+def render_rows(
+    rows: list[dict], template: str, tokenizer, system_prompt: str | None = None
+) -> tuple[list[str], list[list[int]]]:
+    """Prompt texts and token ids of dataset rows (a row's own ``system_prompt`` wins).
+
+    The one place rows become model input: the trainer, every evaluation and the pre-run
+    prompt-length check all call it.
+    """
+    texts = [
+        render_prompt(template, r["prompt"], tokenizer, r.get("system_prompt") or system_prompt)
+        for r in rows
+    ]
+    return texts, [tokenizer(t, add_special_tokens=False).input_ids for t in texts]

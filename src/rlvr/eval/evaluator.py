@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlvr.data.templates import render_prompt
+from rlvr.data.templates import render_rows
 from rlvr.eval.config import EvalModeConfig
 from rlvr.eval.metrics import summarize
 from rlvr.rewards.math import extract_answer
@@ -71,11 +71,7 @@ def generate_records(
     params: SamplingParams,
 ) -> list[dict]:
     """Per-problem records: prompt, reference, responses, extracted answers, correctness, scores."""
-    texts = [
-        render_prompt(template, r["prompt"], tokenizer, r.get("system_prompt") or system_prompt)
-        for r in rows
-    ]
-    ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+    texts, ids = render_rows(rows, template, tokenizer, system_prompt)
     groups = engine.generate(ids, params)
     flat_rows = [r for r, g in zip(rows, groups, strict=True) for _ in g]
     comps = [c for g in groups for c in g]

@@ -63,15 +63,42 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    return save_model_folder(
+        model,
+        tokenizer,
+        out_dir,
+        extra_files={"rlvr_source.json": json.dumps({"gguf": str(gguf_path)})},
+    )
+
+
+def save_model_folder(
+    model,
+    tokenizer,
+    out_dir: Path,
+    *,
+    state_dict: dict | None = None,
+    extra_files: dict[str, str] | None = None,
+    replace: bool = False,
+) -> Path:
+    """``save_pretrained`` of model + tokenizer into ``out_dir``, atomically.
+
+    Everything is written under ``<out_dir>.tmp`` and renamed at the end, so a crash never leaves
+    a half-written folder that looks complete. An existing ``out_dir`` is replaced only with
+    ``replace``.
+    """
+    import shutil
+
+    out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
-        import shutil
-
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     tokenizer.save_pretrained(tmp)
-    (tmp / "rlvr_source.json").write_text(json.dumps({"gguf": str(gguf_path)}))
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if replace and out_dir.exists():
+        shutil.rmtree(out_dir)
     tmp.rename(out_dir)
     return out_dir
 

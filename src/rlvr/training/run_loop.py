@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
 from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.training.distributed import barrier, full_state_dict
+from rlvr.training.policy import save_model_folder
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
@@ -49,15 +49,9 @@ def save_final(trainer) -> Path:
             state.pop(key, None)
     if info.enabled and not info.is_main:
         return final
-    tmp = final.with_name("final.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    trainer.model.save_pretrained(tmp, state_dict=state)
-    trainer.tokenizer.save_pretrained(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    return final
+    return save_model_folder(
+        trainer.model, trainer.tokenizer, final, state_dict=state, replace=True
+    )
 
 
 def _postfix(m: dict) -> dict:

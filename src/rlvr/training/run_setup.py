@@ -256,21 +256,15 @@ def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> P
 
 def check_prompt_lengths(cfg: Config, tokenizer, rows: list[dict], split: str) -> None:
     """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens."""
-    from rlvr.data.templates import render_prompt
+    from rlvr.data.templates import render_rows
 
     limit = cfg.data.max_prompt_tokens
-    for i, row in enumerate(rows):
-        text = render_prompt(
-            cfg.data.template,
-            row["prompt"],
-            tokenizer,
-            row.get("system_prompt") or cfg.data.system_prompt,
-        )
-        n = len(tokenizer(text, add_special_tokens=False).input_ids)
-        if n > limit:
+    _, ids = render_rows(rows, cfg.data.template, tokenizer, cfg.data.system_prompt)
+    for i, (row, toks) in enumerate(zip(rows, ids, strict=True)):
+        if len(toks) > limit:
             where = row.get("_source", f"{split} row {i}")
             raise ConfigError(
-                f"{where}: the prompt has {n} tokens after the template, more than "
+                f"{where}: the prompt has {len(toks)} tokens after the template, more than "
                 f"data.max_prompt_tokens={limit}; raise the limit or drop the row"
             )
 

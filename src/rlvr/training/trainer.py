@@ -25,7 +25,7 @@ from rlvr.algorithms import (
     sequence_logp,
 )
 from rlvr.config import Config
-from rlvr.data.templates import render_prompt
+from rlvr.data.templates import render_rows
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.training.batching import PromptSampler, group_minibatches, micro_batches
@@ -86,23 +86,6 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
 
-    def _prompt_ids(self, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
-        d = self.cfg.data
-        texts = [
-            render_prompt(
-                d.template, r["prompt"], self.tokenizer, r.get("system_prompt") or d.system_prompt
-            )
-            for r in rows
-        ]
-        ids = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-        for r, i in zip(rows, ids, strict=True):
-            if len(i) > d.max_prompt_tokens:
-                raise ValueError(
-                    f"prompt of row {r.get('_source', '?')} has {len(i)} tokens > data.max_prompt_tokens="
-                    f"{d.max_prompt_tokens}"
-                )
-        return texts, ids
-
     def _seed_step(self, step: int) -> int:
         seed = self.cfg.train.seed * 1_000_003 + step
         random.seed(seed)
@@ -123,7 +106,9 @@ class Trainer:
         per = len(global_idx) // self.dist.world_size
         lo = self.dist.rank * per
         rows = [self.ctx.train_rows[i] for i in global_idx[lo : lo + per]]
-        prompt_texts, prompt_ids = self._prompt_ids(rows)
+        # every row's prompt length was checked before the first step (run_setup)
+        d = cfg.data
+        prompt_texts, prompt_ids = render_rows(rows, d.template, self.tokenizer, d.system_prompt)
 
         t = time.perf_counter()
         params = SamplingParams(
