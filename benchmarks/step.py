@@ -1,11 +1,15 @@
-"""Side-by-side step benchmark, rlvr vs TRL's GRPOTrainer, in one run with alternating blocks.
+"""Side-by-side step benchmark, rlvr (transformers / vLLM rollouts) vs TRL's GRPOTrainer.
 
     python -m benchmarks.step --workload quick|default|long|target --steps N --out benchmarks/results/
+    python -m benchmarks.step --sides rlvr,trl    # leave the vLLM side out
 
-Each side runs in its own process (TRL in ``benchmarks/.venv-trl``, created on first use) on the
-same model folder, prompts, group size, token budget, dtype, algorithm, threads, lr and seed. The
-two processes stay alive and take turns (blocks of ``--block`` steps, ABBA order), so a change in
-the machine's load hits both sides alike. See ``benchmarks/README.md`` for how to read the output.
+Sides: ``rlvr`` (rlvr's worker, ``rollout.engine=hf``, in ``.venv``), ``rlvr-vllm`` (the same
+worker with ``rollout.engine=vllm``, in ``.venv-vllm``, made by ``make setup-vllm`` on first use)
+and ``trl`` (in ``benchmarks/.venv-trl``, created on first use). Each side runs in its own process
+on the same model folder, prompts, group size, token budget, dtype, algorithm, threads, lr and
+seed. The processes stay alive and take turns (blocks of ``--block`` steps, ABBA order), so a
+change in the machine's load hits all sides alike. See ``benchmarks/README.md`` for how to read
+the output.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +28,8 @@ from benchmarks.report import render_markdown, write_results
 from benchmarks.runner import REPO, Worker, alternate, worker_env
 from benchmarks.stats import side_ratios, summarize_side, time_to_target
 from benchmarks.trl_env import ensure_trl_env
+from benchmarks.vllm_env import DEFAULT_VENV as DEFAULT_VLLM_VENV
+from benchmarks.vllm_env import ensure_vllm_env
 from benchmarks.workloads import (
     WORKLOADS,
     check_workload,
@@ -31,7 +38,24 @@ from benchmarks.workloads import (
     step_schedule,
 )
 
-KNOWN_SIDES = ("rlvr", "trl")
+KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl")
+DEFAULT_SIDES = "rlvr,rlvr-vllm,trl"
+# the rollout engine of each rlvr side (the TRL side generates with transformers inside TRL)
+RLVR_ENGINES = {"rlvr": "hf", "rlvr-vllm": "vllm"}
+
+
+def parse_sides(text: str) -> list[str]:
+    """``"rlvr,trl"`` -> ``["rlvr", "trl"]`` (the order of turns); ValueError on a bad list."""
+    sides = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in sides if s not in KNOWN_SIDES]
+    if bad:
+        raise ValueError(f"--sides={text!r}: unknown {bad}; known: {', '.join(KNOWN_SIDES)}")
+    if not sides:
+        raise ValueError(f"--sides={text!r}: no side given; known: {', '.join(KNOWN_SIDES)}")
+    dup = sorted({s for s in sides if sides.count(s) > 1})
+    if dup:
+        raise ValueError(f"--sides={text!r}: {', '.join(dup)} given more than once")
+    return sides
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,21 +69,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sides", default="rlvr,trl", help="comma-separated subset of rlvr,trl")
-    p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
     p.add_argument(
-        "--no-install", action="store_true", help="fail instead of creating the TRL venv"
+        "--sides",
+        default=DEFAULT_SIDES,
+        help=f"comma-separated subset of {DEFAULT_SIDES}, in the order of turns (default: all)",
+    )
+    p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
+    p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
+    p.add_argument(
+        "--no-install",
+        action="store_true",
+        help="fail instead of creating the TRL venv or running `make setup-vllm`",
     )
     p.add_argument(
         "--work-dir", type=Path, default=None, help="logs and run dirs (default: a temp dir)"
     )
     p.add_argument("--block-timeout", type=float, default=3600.0, help="seconds one block may take")
     args = p.parse_args(argv)
-    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    bad = [s for s in sides if s not in KNOWN_SIDES]
-    if bad or not sides:
-        p.error(f"--sides={args.sides!r}: unknown {bad}; known: {', '.join(KNOWN_SIDES)}")
-    args.sides = sides
+    try:
+        args.sides = parse_sides(args.sides)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.threads < 1:
         p.error(f"--threads={args.threads}: must be >= 1")
     return args
@@ -78,7 +108,7 @@ def prepare_model(model: str, work: Path) -> Path:
 
 def prompts_agree(workers: dict[str, Worker], schedule: list[list[dict]]) -> bool:
     """True when every side trained step k on the prompts of step k of the schedule, with the
-    same prompt token counts on both sides (a tokenizer adding a BOS on one side would differ)."""
+    same prompt token counts on every side (a tokenizer adding a BOS on one side would differ)."""
     expected = [prompt_digest([r["prompt"] for r in step]) for step in schedule]
     lens: list[list] = []
     for w in workers.values():
@@ -105,6 +135,28 @@ def side_result(w: Worker, warmup: int, peak_flops: float, target: float | None,
     return {"summary": summary, "ready": w.ready, "done": w.done, "steps": w.steps}
 
 
+def worker_command(
+    side: str, python: Path, spec_path: Path, threads: int
+) -> tuple[list[str], dict]:
+    """The argv and environment of one side's worker process."""
+    if side in RLVR_ENGINES:
+        # rlvr is installed (editable) in both .venv and .venv-vllm; only benchmarks/ is added
+        argv = [str(python), "-m", "benchmarks.worker_rlvr", str(spec_path)]
+        return argv, worker_env(threads, [REPO])
+    if side == "trl":
+        argv = [str(python), "-m", "benchmarks.worker_trl", str(spec_path)]
+        return argv, worker_env(threads, [REPO, REPO / "src"])
+    raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")
+
+
+def all_ratios(sides: dict[str, dict]) -> dict[str, dict]:
+    """``{rlvr side: side_ratios(its summary, TRL's)}`` for every rlvr side; {} without TRL."""
+    if "trl" not in sides:
+        return {}
+    trl = sides["trl"]["summary"]
+    return {s: side_ratios(sides[s]["summary"], trl) for s in RLVR_ENGINES if s in sides}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -119,6 +171,16 @@ def main(argv: list[str] | None = None) -> int:
     warmup = w.warmup if args.warmup is None else args.warmup
     if w.target_reward is None and warmup >= steps:
         print(f"[bench] --warmup={warmup} leaves no measured step of {steps}", file=sys.stderr)
+        return 2
+    # the venvs first: a missing one fails (or gets installed) before anything is measured
+    pythons = {"rlvr": Path(sys.executable)}
+    try:
+        if "trl" in args.sides:
+            pythons["trl"] = ensure_trl_env(args.trl_venv, install=not args.no_install)
+        if "rlvr-vllm" in args.sides:
+            pythons["rlvr-vllm"] = ensure_vllm_env(args.vllm_venv, install=not args.no_install)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"[bench] {exc}", file=sys.stderr)
         return 2
     work = args.work_dir or Path(tempfile.mkdtemp(prefix=f"rlvr-bench-{w.name}-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -137,9 +199,6 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = prepare_model(w.model, work)
     schedule = step_schedule(w, steps, AutoTokenizer.from_pretrained(model_dir), args.seed)
-    trl_python = (
-        ensure_trl_env(args.trl_venv, install=not args.no_install) if "trl" in args.sides else None
-    )
 
     workers: dict[str, Worker] = {}
     try:
@@ -156,21 +215,24 @@ def main(argv: list[str] | None = None) -> int:
                 "threads": args.threads,
                 "work_dir": str(work / side),
                 "schedule": schedule,
+                "side": side,
             }
+            if side in RLVR_ENGINES:
+                spec["engine"] = RLVR_ENGINES[side]
             (work / side).mkdir(exist_ok=True)
             spec_path = work / f"{side}-spec.json"
             spec_path.write_text(json.dumps(spec))
-            if side == "rlvr":
-                argv_w = [sys.executable, "-m", "benchmarks.worker_rlvr", str(spec_path)]
-                env = worker_env(args.threads, [REPO])
-            else:
-                argv_w = [str(trl_python), "-m", "benchmarks.worker_trl", str(spec_path)]
-                env = worker_env(args.threads, [REPO, REPO / "src"])
+            argv_w, env = worker_command(side, pythons[side], spec_path, args.threads)
             worker = Worker(side, argv_w, env, work / f"{side}.log").start()
             workers[side] = worker
             # one side at a time even while loading, so start-up times are not shared
             worker.wait_ready(timeout_s=1800)
-            print(f"[bench] {side} ready after {worker.ready['startup_s']:.1f} s", flush=True)
+            engine = worker.ready.get("engine")
+            print(
+                f"[bench] {side} ready after {worker.ready['startup_s']:.1f} s"
+                + (f" (rollout engine {engine})" if engine else ""),
+                flush=True,
+            )
         alternate(
             workers,
             steps=steps,
@@ -228,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts_match": prompts_agree(workers, schedule),
         "work_dir": str(work),
         "sides": sides,
-        "ratios": side_ratios(sides["rlvr"]["summary"], sides["trl"]["summary"])
-        if len(sides) == 2
-        else {},
+        "ratios": all_ratios(sides),
         "notes": notes,
     }
     js, md = write_results(args.out, payload)

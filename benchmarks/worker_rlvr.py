@@ -2,6 +2,8 @@
 
 It runs the real trainer (``Trainer(cfg).fit()``) and only wraps ``train_step`` so that the
 runner decides when each block of steps runs (see ``protocol.Gate``) and gets one record per step.
+The spec's ``engine`` picks the rollout engine: ``hf`` (transformers, side ``rlvr``, in ``.venv``)
+or ``vllm`` (side ``rlvr-vllm``, run by the Python of ``.venv-vllm``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,18 @@ class BenchStop(Exception):
     """Raised out of the wrapped step when the runner says stop (before the final save)."""
 
 
+ENGINES = ("hf", "vllm")
+
+
 def config_overrides(spec: dict) -> list[str]:
-    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, bf16 autocast."""
+    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, bf16 autocast.
+
+    ``spec["engine"]`` (default ``hf``) is the rollout engine; vLLM keeps its config defaults
+    (weights pushed to it after every update, timed as the step's ``sync`` phase).
+    """
+    engine = spec.get("engine", "hf")
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r}: known: {', '.join(ENGINES)}")
     return [
         f"model.name_or_path={spec['model_dir']}",
         "model.dtype=float32",
@@ -39,7 +51,7 @@ def config_overrides(spec: dict) -> list[str]:
         f"algo.group_size={spec['group_size']}",
         f"algo.prompts_per_step={spec['prompts_per_step']}",
         f"algo.micro_batch_size={spec['micro_batch']}",
-        "rollout.engine=hf",
+        f"rollout.engine={engine}",
         "rollout.temperature=1.0",
         "rollout.top_p=1.0",
         "rollout.top_k=0",
@@ -97,6 +109,7 @@ def main(argv: list[str]) -> int:
     cfg = load_config(None, config_overrides(spec))
     trainer = Trainer(cfg, run_dir=Path(spec["work_dir"]) / "rlvr-run")
     gate = Gate()
+    side = spec.get("side", "rlvr")
     inner = trainer.train_step
     started = False
 
@@ -107,11 +120,17 @@ def main(argv: list[str]) -> int:
             startup = time.time() - psutil.Process().create_time()
             import transformers
 
+            versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+            if trainer.engine.name == "vllm":
+                import vllm
+
+                versions["vllm"] = vllm.__version__
             ready = gate.start(
-                side="rlvr",
+                side=side,
+                engine=trainer.engine.name,
                 startup_s=startup,
                 threads=torch.get_num_threads(),
-                versions={"torch": torch.__version__, "transformers": transformers.__version__},
+                versions=versions,
                 **param_counts(trainer.model),
             )
             if not ready:
@@ -125,7 +144,7 @@ def main(argv: list[str]) -> int:
     with contextlib.suppress(BenchStop):  # the runner's stop, raised out of a step
         trainer.fit()
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    gate.emit("done", side="rlvr", maxrss_self_mb=self_kb / 1024)
+    gate.emit("done", side=side, maxrss_self_mb=self_kb / 1024)
     return 0
 
 

@@ -13,3 +13,9 @@ def always_zero(prompt, response, reference, **row):
 def toy_prm(prompt, steps):
     """A process reward model as a plain function: step k scores 1 / (k + 1)."""
     return [1.0 / (k + 1) for k in range(len(steps))]
+
+
+def digit_fraction(prompt, response, reference, **row):
+    """Fraction of the response's characters that are digits: rewards vary within every group of
+    a random tiny model's replies, so every step has a gradient."""
+    return sum(ch.isdigit() for ch in response) / max(1, len(response))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from benchmarks.report import render_markdown, results_paths, write_results
 
@@ -24,8 +25,13 @@ def _summary(step_s: float, rss: float, ttt: float | None = None) -> dict:
     }
 
 
-def _payload(name="default", target=None, trl=True):
+def _payload(name="default", target=None, trl=True, vllm=False):
     sides = {"rlvr": {"summary": _summary(2.0, 900.0, 60.0)}}
+    if vllm:
+        sides["rlvr-vllm"] = {
+            "summary": _summary(1.0, 1500.0, 30.0),
+            "ready": {"engine": "vllm", "versions": {"vllm": "0.32.0"}},
+        }
     if trl:
         sides["trl"] = {"summary": _summary(4.0, 1200.0, None)}
     return {
@@ -62,8 +68,13 @@ def _cells(md: str, figure: str) -> list[str]:
     return [c.strip() for c in row.strip("|").split("|")]
 
 
+def _header(md: str) -> str:
+    return next(line for line in md.splitlines() if line.startswith("| figure |"))
+
+
 def test_table_has_both_sides_and_ratios():
     md = render_markdown(_payload())
+    assert _header(md) == "| figure | rlvr (transformers) | TRL | rlvr/TRL |"
     # step time 2.0 vs 4.0 -> 0.50; peak RSS 900 vs 1200 -> 0.75; generation 1.0 vs 2.0 -> 0.50
     assert _cells(md, "step time, median (s)") == ["step time, median (s)", "2.00", "4.00", "0.50"]
     assert _cells(md, "peak RSS, children included (MB)")[1:] == ["900", "1200", "0.75"]
@@ -81,9 +92,55 @@ def test_target_rows_and_missing_values():
     # a target run that stopped at step 2 keeps only 1 warm-up step on that side
     payload = _payload("target", target=0.9)
     payload["sides"]["rlvr"]["summary"]["warmup_used"] = 1
-    assert "warm-up steps left out: rlvr 1, TRL 2" in render_markdown(payload)
+    assert "warm-up steps left out: rlvr (transformers) 1, TRL 2" in render_markdown(payload)
+    # without TRL: one column per side present and no ratio column
     md = render_markdown(_payload(trl=False))
-    assert _cells(md, "step time, median (s)")[1:] == ["2.00", "n/a", "n/a"]
+    assert _header(md) == "| figure | rlvr (transformers) |"
+    assert _cells(md, "step time, median (s)")[1:] == ["2.00"]
+    md = render_markdown(_payload(trl=False, vllm=True))
+    assert _header(md) == "| figure | rlvr (transformers) | rlvr (vLLM) |"
+    assert _cells(md, "peak RSS, children included (MB)")[1:] == ["900", "1500"]
+
+
+def test_three_sides_one_ratio_column_per_rlvr_side():
+    payload = _payload(vllm=True)
+    # the order of turns does not move the columns
+    payload["sides"] = {s: payload["sides"][s] for s in ("trl", "rlvr-vllm", "rlvr")}
+    md = render_markdown(payload)
+    assert md.startswith(
+        "# Benchmark `default`: rlvr (transformers) vs rlvr (vLLM) vs TRL GRPOTrainer"
+    )
+    assert _header(md) == (
+        "| figure | rlvr (transformers) | rlvr (vLLM) | TRL | rlvr/TRL | rlvr+vLLM/TRL |"
+    )
+    assert "|---|---|---|---|---|---|" in md
+    # step time: rlvr 2.0 / TRL 4.0 = 0.50, vLLM 1.0 / 4.0 = 0.25
+    assert _cells(md, "step time, median (s)")[1:] == ["2.00", "1.00", "4.00", "0.50", "0.25"]
+    # peak RSS: 900 / 1200 = 0.75, 1500 / 1200 = 1.25
+    assert _cells(md, "peak RSS, children included (MB)")[1:] == [
+        "900",
+        "1500",
+        "1200",
+        "0.75",
+        "1.25",
+    ]
+    # rows without a ratio leave both ratio cells empty
+    assert _cells(md, "step time, IQR (s)")[1:] == ["0.50", "0.50", "0.50", "", ""]
+    assert "- Rollout engines: rlvr (vLLM) `rollout.engine=vllm` (vllm 0.32.0)" in md
+    # a target run: TRL never got there, so both ratios are n/a
+    payload = _payload("target", target=0.9, vllm=True)
+    md = render_markdown(payload)
+    assert _cells(md, "time to 3-step mean reward 0.9 (s)")[1:] == ["60", "30", "n/a", "n/a", "n/a"]
+
+
+def test_old_results_file_still_renders():
+    """Results written before the vLLM side (two sides, a flat "ratios" dict) render as before."""
+    js = Path(__file__).resolve().parent.parent / "results" / "2026-11-22-default.json"
+    payload = json.loads(js.read_text())
+    md = render_markdown(payload)
+    assert _header(md) == "| figure | rlvr (transformers) | TRL | rlvr/TRL |"
+    assert _cells(md, "step time, median (s)")[1:] == ["13.27", "20.83", "0.64"]
+    assert "Rollout engines" not in md
 
 
 def test_results_files_never_overwrite(tmp_path):

@@ -15,6 +15,12 @@ from benchmarks.workloads import get_workload, prompt_digest, step_schedule
 
 def test_block_order_is_abba():
     assert [block_order(["a", "b"], r) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    # three sides: ABC CBA ABC, so every side is first and last in turn
+    assert [block_order(["a", "b", "c"], r) for r in range(3)] == [
+        ["a", "b", "c"],
+        ["c", "b", "a"],
+        ["a", "b", "c"],
+    ]
 
 
 @dataclass
@@ -84,6 +90,14 @@ def test_worker_config_is_valid_rlvr_config():
         "float32",
         64,
     )
+    assert cfg.rollout.engine == "hf"  # a spec without "engine" (the rlvr side)
+    vllm_cfg = load_config(None, config_overrides({**spec, "engine": "vllm"}))
+    assert vllm_cfg.rollout.engine == "vllm"
+    # only the engine differs between the two rlvr sides
+    assert vllm_cfg.model_dump() == {**cfg.model_dump(), "rollout": vllm_cfg.rollout.model_dump()}
+    assert {**vllm_cfg.rollout.model_dump(), "engine": "hf"} == cfg.rollout.model_dump()
+    with pytest.raises(ValueError, match="engine='sglang'"):
+        config_overrides({**spec, "engine": "sglang"})
 
 
 def test_rlvr_worker_end_to_end(tmp_path):
@@ -118,6 +132,7 @@ def test_rlvr_worker_end_to_end(tmp_path):
         worker.close()
     assert worker.proc.returncode == 0, (tmp_path / "rlvr.log").read_text()
     assert ready["threads"] == 1 and ready["total_params"] > ready["nonembed_params"] > 0
+    assert (ready["side"], ready["engine"]) == ("rlvr", "hf")
     assert [r["prompt_digest"] for r in worker.steps] == [
         prompt_digest([r["prompt"] for r in step]) for step in schedule
     ]
@@ -139,9 +154,8 @@ def test_quick_benchmark_both_sides(tmp_path):
     """The whole runner with TRL (creates benchmarks/.venv-trl on first use: minutes)."""
     from benchmarks.step import main
 
-    assert (
-        main(["--workload", "quick", "--steps", "3", "--warmup", "1", "--out", str(tmp_path)]) == 0
-    )
+    argv = ["--workload", "quick", "--steps", "3", "--warmup", "1", "--sides", "rlvr,trl"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-quick.json")
     payload = json.loads(js.read_text())
     assert payload["prompts_match"] is True

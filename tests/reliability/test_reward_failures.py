@@ -52,7 +52,7 @@ def faulty_config(model_dir: Path, out: Path, name: str, max_failure_fraction: f
         f"data.train_path={data}",
         f"algo.prompts_per_step={len(MODES)}",
         f"algo.group_size={GROUP}",
-        f"algo.micro_batch_size={SAMPLES_PER_STEP}",  # one micro-batch: rows in batch order
+        f"algo.micro_batch_size={SAMPLES_PER_STEP}",  # one micro-batch per step
         "reward.specs=[{name: 'reliability.hostile_rewards:by_reference'}]",
         "reward.timeout_s=1.0",  # a hang costs one second
         f"reward.max_failure_fraction={max_failure_fraction}",
@@ -65,13 +65,21 @@ def test_failed_samples_are_excluded_and_counted_and_the_run_goes_on(
     tiny_model_dir, tmp_path, monkeypatch, restore_threads
 ) -> None:
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    orders: list[list[int]] = []  # batch index of each micro-batch row (rows go by length)
     real_micro_loss = trainer_module.micro_loss
+    real_micro_batches = trainer_module.length_micro_batches
 
     def spying_micro_loss(cfg, mb, counts, kl_coef):
         seen.append((mb.mask.detach().clone(), mb.advantages.detach().clone()))
         return real_micro_loss(cfg, mb, counts, kl_coef)
 
+    def spying_micro_batches(*args, **kwargs):
+        out = real_micro_batches(*args, **kwargs)
+        orders.extend(out)
+        return out
+
     monkeypatch.setattr(trainer_module, "micro_loss", spying_micro_loss)
+    monkeypatch.setattr(trainer_module, "length_micro_batches", spying_micro_batches)
     # 0.7 of 20 is 14: exactly the failures of each step, which is not *above* the limit.
     cfg = faulty_config(tiny_model_dir, tmp_path, "faulty", max_failure_fraction=0.7)
     run_dir = Path(Trainer(cfg).fit()["run_dir"])
@@ -84,10 +92,13 @@ def test_failed_samples_are_excluded_and_counted_and_the_run_goes_on(
         assert m["reward_failure_rate"] == pytest.approx(0.7)  # 14 / 20
         assert m["nonfinite_skipped"] == 0.0
         assert math.isfinite(m["policy_loss"]) and math.isfinite(m["reward_mean"])
-    assert len(seen) == STEPS  # one micro-batch per step
-    for step, (mask, adv) in enumerate(seen, start=1):
+    assert len(seen) == len(orders) == STEPS  # one micro-batch per step
+    for step, ((mask_rows, adv_rows), order) in enumerate(zip(seen, orders, strict=True), start=1):
         samples = read_samples(run_dir, step)
-        assert len(samples) == SAMPLES_PER_STEP == mask.shape[0]
+        assert len(samples) == SAMPLES_PER_STEP == mask_rows.shape[0]
+        assert sorted(order) == list(range(SAMPLES_PER_STEP))
+        mask, adv = torch.zeros_like(mask_rows), torch.zeros_like(adv_rows)
+        mask[order], adv[order] = mask_rows, adv_rows  # back to batch order
         for i, s in enumerate(samples):
             assert s["valid"] == (s["reference"] == "ok"), s
             if not s["valid"]:

