@@ -9,14 +9,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.runner import REPO
+from benchmarks.trl_env import venv_python
+
 DEFAULT_VENV = REPO / ".venv-vllm"
 # Written by the Makefile's setup-vllm once `import vllm, rlvr.rollout.vllm` works in the venv.
 STAMP = ".rlvr-vllm-installed"
-
-
-def venv_python(venv: Path) -> Path:
-    return Path(venv) / "bin" / "python"
 
 
 def setup_command(venv: Path) -> list[str]:

@@ -66,17 +66,12 @@ def check_workload(w: Workload, steps: int) -> None:
     if w.group_size < 2:
         raise ValueError(f"workload {w.name}: group_size={w.group_size} must be >= 2")
     # TRL trains on micro-batches of micro_batch sequences with gradient accumulation over the
-    # whole rollout batch, so the batch must split evenly; rlvr needs micro_batch and group_size
-    # to divide one another.
+    # whole rollout batch, so the batch must split evenly (rlvr regroups sequences by length and
+    # has no such rule).
     if w.sequences % w.micro_batch:
         raise ValueError(
             f"workload {w.name}: micro_batch={w.micro_batch} must divide "
             f"prompts_per_step x group_size = {w.sequences}"
-        )
-    if w.micro_batch % w.group_size and w.group_size % w.micro_batch:
-        raise ValueError(
-            f"workload {w.name}: micro_batch={w.micro_batch} and group_size={w.group_size} "
-            "must divide one another"
         )
 
 

@@ -391,8 +391,8 @@ class Trainer:
 
     def _micro_batches(self, indices, prompt_ids, comp_ids) -> list[list[int]]:
         """Forward/backward passes over ``indices``: whole groups in order for the listwise
-        objective, otherwise sequences grouped by length (less padding: ~25% faster update on
-        the default workload, see benchmarks/README.md)."""
+        objective, otherwise sequences grouped by length (less padding: the update of 16 default-
+        workload sequences took 5.5 s instead of 7.2 s, README "Performance")."""
         a = self.cfg.algo
         if a.objective == "maxent_listwise":
             return micro_batches(indices, a.micro_batch_size)
