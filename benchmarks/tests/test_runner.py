@@ -69,6 +69,7 @@ def _recording(fn, order, side):
 
 def test_worker_config_is_valid_rlvr_config():
     from rlvr.config import load_config
+    from rlvr.objectives import build_objective
 
     spec = {
         "model_dir": "/m",
@@ -83,7 +84,9 @@ def test_worker_config_is_valid_rlvr_config():
     }
     cfg = load_config(None, config_overrides(spec))
     assert (cfg.algo.objective, cfg.algo.beta, cfg.algo.epochs_per_batch) == ("drgrpo", 0.0, 1)
-    assert cfg.loss_agg_mode() == "seq_mean_token_sum_norm"  # Dr.GRPO = TRL's loss_type dr_grpo
+    assert (
+        build_objective(cfg).agg_mode == "seq_mean_token_sum_norm"
+    )  # Dr.GRPO = TRL's loss_type dr_grpo
     assert (cfg.train.lr, cfg.train.schedule, cfg.train.seed) == (2e-5, "constant", 3)
     assert (cfg.model.autocast, cfg.model.dtype, cfg.rollout.max_new_tokens) == (
         "bf16",

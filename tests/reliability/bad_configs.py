@@ -14,7 +14,7 @@ import math
 
 from hypothesis import strategies as st
 
-from rlvr.config import OBJECTIVES
+from rlvr.objectives import OBJECTIVES
 
 _WORDS = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_0123456789", min_size=1, max_size=12)
 _FINITE = {"allow_nan": False, "allow_infinity": False}

@@ -23,11 +23,11 @@ from reliability.bad_configs import (
 )
 from reliability.figures import add
 from rlvr.cli import main as cli_main
-from rlvr.config import Config, ConfigError, _known_keys, load_config
+from rlvr.config import Config, ConfigError, known_keys, load_config
 
 # train.adam_betas has its own test below (torch checks it, but only after the model loads).
 RULE_KNOBS = sorted(k for k in BAD_VALUES if k != "train.adam_betas")
-KNOWN_KEYS = _known_keys(Config)
+KNOWN_KEYS = known_keys(Config)
 
 
 @st.composite

@@ -3,12 +3,13 @@
 import pytest
 
 from rlvr.config import ConfigError, load_config
+from rlvr.objectives import build_objective
 
 
 def test_defaults_are_the_demo():
     cfg = load_config()
     assert cfg.algo.objective == "drgrpo"
-    assert cfg.loss_agg_mode() == "seq_mean_token_sum_norm"
+    assert build_objective(cfg).agg_mode == "seq_mean_token_sum_norm"
     assert cfg.model.name_or_path == "smollm2-135m-instruct"
     assert cfg.problems() == []
 

@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 
 from rlvr.cli import main as cli_main
 from rlvr.config import ConfigError, load_config
+from rlvr.config.lora import LoraConfig
 from rlvr.training.checkpoint import latest_checkpoint
 from rlvr.training.lora import apply_lora
-from rlvr.training.lora_config import LoraConfig
 from rlvr.training.tiny import build_tiny_model
 from rlvr.training.trainer import Trainer
 

@@ -6,6 +6,8 @@ never drift apart (seed 001's eval path used a different template and under-repo
 
 from __future__ import annotations
 
+from rlvr.config.sections import TEMPLATES
+
 # understand-r1-zero's "r1" template (OAT Dr.GRPO baseline, seed 000).
 R1_TEMPLATE = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
@@ -20,8 +22,6 @@ QWEN_MATH_TEMPLATE = (
     "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{{}}."
     "<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 )
-
-TEMPLATES = ("chat", "r1", "qwen_math", "none")
 
 
 def render_prompt(

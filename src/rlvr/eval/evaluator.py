@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlvr.config.eval import EvalModeConfig
 from rlvr.data.templates import render_rows
-from rlvr.eval.config import EvalModeConfig
 from rlvr.eval.metrics import summarize
 from rlvr.rewards.math import extract_answer
 from rlvr.rollout.base import SamplingParams
@@ -38,7 +38,7 @@ class EvalMode:
 
     @classmethod
     def from_config(cls, mode: EvalModeConfig) -> EvalMode:
-        """From an ``EvalModeConfig`` (rlvr.eval.config), filling its defaults."""
+        """From an ``EvalModeConfig`` (rlvr.config.eval), filling its defaults."""
         if mode.kind == "greedy":
             return cls("greedy")
         return cls(

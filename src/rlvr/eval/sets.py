@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlvr.eval.config import HELDOUT, EvalSetConfig
+from rlvr.config.eval import HELDOUT, EvalSetConfig
 from rlvr.eval.evaluator import EvalMode, EvalSet
 
 

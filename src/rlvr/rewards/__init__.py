@@ -25,7 +25,7 @@ _LAZY = {
     "BatchRewards": "rlvr.rewards.runner",
     "RewardFailureError": "rlvr.rewards.runner",
     "RewardRunner": "rlvr.rewards.runner",
-    "RewardSpec": "rlvr.rewards.runner",
+    "RewardSpec": "rlvr.config.reward",
     "builtin_reward_names": "rlvr.rewards.runner",
     "resolve_reward_names": "rlvr.rewards.runner",
     "validate_reward_spec": "rlvr.rewards.runner",

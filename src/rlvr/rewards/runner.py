@@ -32,8 +32,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
+from rlvr.config.reward import RewardSpec
 from rlvr.rewards import symbolic
 from rlvr.rewards.base import RewardResult
 from rlvr.rewards.pool import CallOutcome, SandboxPool
@@ -56,25 +57,6 @@ __all__ = [
 ]
 
 _RESERVED_ROW_KEYS = ("prompt", "response", "reference", "truncated")
-
-
-class RewardSpec(BaseModel):
-    """One configured reward: a built-in name or ``package.module:function``, its weight
-    in the sum, and keyword arguments (a built-in's options, or extra keywords for a user
-    function)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    weight: float = 1.0
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("weight")
-    @classmethod
-    def _finite_weight(cls, weight: float) -> float:
-        if not math.isfinite(weight):
-            raise ValueError(f"weight must be finite, got {weight}")
-        return weight
 
 
 class RewardFailureError(RuntimeError):

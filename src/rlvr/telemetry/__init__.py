@@ -6,6 +6,7 @@ pay for importing matplotlib.
 
 from typing import Any
 
+from rlvr.config.health import HealthConfig
 from rlvr.telemetry.health import (
     HealthEvent,
     HealthGate,
@@ -14,7 +15,6 @@ from rlvr.telemetry.health import (
     read_health,
     write_health,
 )
-from rlvr.telemetry.health_config import HealthConfig
 from rlvr.telemetry.keys import EVAL_PREFIX, METRIC_KEYS, eval_key
 from rlvr.telemetry.samples import list_sample_steps, read_samples, write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from rlvr.telemetry.health_config import HealthConfig
+from rlvr.config.health import HealthConfig
 from rlvr.telemetry.health_rules import MISSING, RULES, Finding
 from rlvr.telemetry.jsonio import (
     append_line,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.telemetry.health_config import HealthConfig
+from rlvr.config.health import HealthConfig
 
 MISSING = object()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.training.lora_config import ALL_LINEAR, LoraConfig
+from rlvr.config.lora import ALL_LINEAR, LoraConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 

@@ -61,7 +61,9 @@ def micro_loss(
 ) -> tuple[torch.Tensor, dict]:
     """Loss of one micro-batch (already scaled by the minibatch's denominators) and its statistics."""
     a = cfg.algo
-    mode = cfg.loss_agg_mode()
+    from rlvr.objectives import build_objective
+
+    mode = build_objective(cfg).agg_mode
     max_len = cfg.rollout.max_new_tokens
     denom = counts.for_mode(mode)
     stats: dict[str, float] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from rlvr.config_base import Section
+from rlvr.config.base import Section
 
 ALL_LINEAR = "all-linear"
 ATTENTION_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj"]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rlvr.config_base import Section
+from rlvr.config.base import Section
 
 HELDOUT = "heldout"
 DEFAULT_SAMPLING_K = 8

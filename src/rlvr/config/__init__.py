@@ -1,0 +1,56 @@
+"""Typed run configuration: YAML file + dotted command-line overrides, checked before any model loads.
+
+    cfg = load_config("run.yaml", ["algo.group_size=4", "train.lr=2e-6"])
+    problems = cfg.problems()        # every contradiction, each naming its knob and rule
+    cfg.validate()                   # raises ConfigError listing them
+
+A leaf: importing this package loads pydantic and yaml, no other rlvr module. Sections are in
+`sections` (plus `eval`, `health`, `lora`, `reward`), reading in `loading`, the cross-knob checks
+in `validate`. Unknown keys are an error that names the key and suggests the closest valid one.
+"""
+
+from rlvr.config.base import ConfigError, Section
+from rlvr.config.loading import (
+    ALIASES,
+    apply_overrides,
+    config_from_dict,
+    known_keys,
+    load_config,
+)
+from rlvr.config.reward import RewardConfig, RewardSpec
+from rlvr.config.sections import (
+    TEMPLATES,
+    AlgoConfig,
+    Config,
+    DataConfig,
+    LoggingConfig,
+    MaxEntConfig,
+    ModelConfig,
+    PPOConfig,
+    PSGRPOStepsConfig,
+    RolloutConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "ALIASES",
+    "TEMPLATES",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "LoggingConfig",
+    "MaxEntConfig",
+    "ModelConfig",
+    "PPOConfig",
+    "PSGRPOStepsConfig",
+    "RewardConfig",
+    "RewardSpec",
+    "RolloutConfig",
+    "Section",
+    "TrainConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "known_keys",
+    "load_config",
+]
