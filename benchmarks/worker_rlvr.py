@@ -73,15 +73,15 @@ def config_overrides(spec: dict) -> list[str]:
 
 
 def step_record(trainer, metrics: dict) -> dict:
-    prompt_texts, _rows, groups, _rewards = trainer._last_batch
-    comps = [c for grp in groups for c in grp]
-    tok = trainer.tokenizer
-    prompt_lens = [len(tok(t, add_special_tokens=False).input_ids) for t in prompt_texts]
+    batch = trainer.last_batch
+    prompt_texts, groups, comps = batch.prompt_texts, batch.groups, batch.completions
+    prompt_lens = [len(ids) for ids in batch.prompt_ids]
     return {
         "phases": {
             "generate": metrics["time_rollout"],
             "reward": metrics["time_reward"],
-            "logprob": metrics["time_reference"],
+            # the trainer's own log-probs of the samples and the reference's
+            "logprob": metrics["time_logprobs"] + metrics["time_reference"],
             "update": metrics["time_update"],
             "sync": metrics["time_sync"],
         },

@@ -17,7 +17,17 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTH
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # rollout.engine defaults to "auto" (vLLM when installed); tests outside tests/rollout use the
 # transformers engine whatever is installed, so they behave the same with and without vLLM.
-os.environ["RLVR_NO_VLLM"] = "1"
+# Children get it from tests/sitecustomize.py (tests/ is on their PYTHONPATH); this process from
+# the fixture below.
+os.environ["RLVR_TEST_HF_ENGINE"] = "1"
+
+
+@pytest.fixture(autouse=True)
+def _transformers_engine_for_auto(request, monkeypatch):
+    if request.node.get_closest_marker("vllm") is None:
+        import rlvr.training.run_setup as run_setup
+
+        monkeypatch.setattr(run_setup, "vllm_available", lambda: False)
 
 
 @pytest.fixture(scope="session")

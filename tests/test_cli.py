@@ -145,3 +145,16 @@ def test_unknown_key_through_the_real_command(tmp_path: Path) -> None:
         "rlvr: unknown config key 'train.learning_rate'; did you mean 'train.lr'?"
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_overrides_may_come_before_between_and_after_options(capsys) -> None:
+    from rlvr.cli import build_parser, parse_args_any_order
+
+    argv = ["train", "a.b=1", "--resume", "runs/r", "c.d=2", "--nproc", "2", "a.b=3"]
+    args = parse_args_any_order(build_parser(), argv)
+    assert args.overrides == ["a.b=1", "c.d=2", "a.b=3"]  # order kept: the last a.b wins
+    assert (args.resume, args.nproc) == ("runs/r", 2)
+    for bad in (["train", "--resume", "r", "--bogus"], ["train", "a.b=1", "--nproc", "2", "oops"]):
+        with pytest.raises(SystemExit):
+            parse_args_any_order(build_parser(), bad)
+        assert "unrecognized arguments" in capsys.readouterr().err

@@ -45,6 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _train_config(args)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        cfg.validate()  # fail here, not once per spawned process (setup_run validates otherwise)
         return _relaunch_with_torchrun(args.nproc)
     from rlvr.training.distributed import shutdown
 
@@ -102,7 +103,7 @@ def _train_config(args: argparse.Namespace):
     cfg = load_config(path, args.overrides)
     if args.resume:
         cfg.train.resume = str(args.resume)
-    return cfg.validate()
+    return cfg
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
@@ -231,6 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None):
+    """``parse_args``, except that ``section.key=value`` overrides may come before, between or
+    after the options (``rlvr train a=1 --resume RUN b=2``); their order is kept, later wins.
+    argparse stops a ``nargs="*"`` positional at the first option, and its intermixed parsing
+    does not support sub-commands."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*(args.overrides or []), *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     from rlvr.config import ConfigError
     from rlvr.rewards.runner import RewardFailureError
@@ -238,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.training.policy import ModelLoadError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args_any_order(parser, argv)
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

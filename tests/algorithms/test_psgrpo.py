@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.algorithms import get_advantage, group_advantages, psgrpo_step_advantages
+from rlvr.algorithms import group_advantages, psgrpo_step_advantages
 
 H = 1 / math.sqrt(2)  # GroupNorm of any two distinct values with the unbiased std: +-1/sqrt(2)
 
@@ -91,8 +91,7 @@ def test_equal_step_means_leave_only_the_outcome_term(g, score, n_steps, seed):
     torch.testing.assert_close(adv, expected)
 
 
-def test_registered_and_bad_inputs_are_named():
-    assert get_advantage("psgrpo_steps") is psgrpo_step_advantages
+def test_bad_inputs_are_named():
     ids = torch.tensor([[0, 1], [0, -1]])
     mask = torch.ones(2, 2)
     outcome = torch.tensor([[1.0, 0.0]])

@@ -30,15 +30,20 @@ class FakeModel:
         (Path(path) / "weights.txt").write_text(f"step {self.step}")
 
 
-def make_evaluator(tmp_path: Path, *overrides: str, step: int = 0) -> InTrainingEvaluator:
+def make_evaluator(tmp_path: Path, *overrides: str) -> InTrainingEvaluator:
     cfg = load_config(None, list(overrides))
     tmp_path.mkdir(parents=True, exist_ok=True)  # a run directory exists before training
     rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(4)]
-    ctx = SimpleNamespace(run_dir=tmp_path, eval_rows=rows, train_rows=rows, rewards=None)
-    model = FakeModel()
-    tokenizer = SimpleNamespace(save_pretrained=lambda path: None)
-    trainer = SimpleNamespace(cfg=cfg, ctx=ctx, step=step, model=model, tokenizer=tokenizer)
-    return InTrainingEvaluator(trainer)
+    return InTrainingEvaluator(
+        cfg,
+        run_dir=tmp_path,
+        engine=None,
+        tokenizer=SimpleNamespace(save_pretrained=lambda path: None),
+        rewards=None,
+        model=FakeModel(),
+        heldout_rows=rows,
+        train_rows=rows,
+    )
 
 
 def script(evaluator: InTrainingEvaluator, values: dict[int, dict[str, float]]) -> list[int]:
@@ -47,7 +52,7 @@ def script(evaluator: InTrainingEvaluator, values: dict[int, dict[str, float]]) 
 
     def fake(step: int) -> dict:
         evaluated.append(step)
-        evaluator.trainer.model.step = step
+        evaluator.model.step = step
         return dict(values[step])
 
     evaluator._evaluate = fake  # type: ignore[method-assign]
@@ -163,10 +168,10 @@ def test_resumed_run_continues_the_early_stopping_count(tmp_path: Path) -> None:
     assert drive(first, 1, 4, max_steps=6) is None  # step 4 is one drop (0.625 -> 0.5)
     saved = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
 
-    resumed = make_evaluator(tmp_path / "b", *overrides, step=4)
+    resumed = make_evaluator(tmp_path / "b", *overrides)
     evaluated = script(resumed, values)
     resumed.load_state_dict(saved)
-    assert resumed.before() == {}  # a resumed run has its baseline already
+    assert resumed.before(4) == {}  # a resumed run has its baseline already
     stop_resumed = drive(resumed, 5, 6, max_steps=6)
     # without the restored history step 5 would be the first eval seen (no drop); with it,
     # 0.625 (step 3) -> 0.5 (step 4) -> 0.25 (step 5) is the second drop in a row
@@ -187,7 +192,6 @@ def test_changed_early_stop_metric_on_resume_starts_a_fresh_count(tmp_path: Path
         "eval.sets=[{name: heldout}, {name: ood, split: train}]",
         "eval.early_stop.enabled=true",
         f"eval.early_stop.metric={OOD}",
-        step=1,
     )
     new.load_state_dict(old.state_dict())
     assert new.stopper.history == []

@@ -16,6 +16,7 @@ from rlvr.eval.metrics import (
     pass_at_k,
     sampling_pass_at_k,
     summarize,
+    vote_key,
 )
 
 
@@ -211,3 +212,20 @@ def test_format_table_of_one_summary() -> None:
     assert cells[0] == ["metric", "value"]
     assert cells[2:] == [["greedy_pass@1", "0.1250"], ["greedy/num_prompts", "8"]]
     assert all(len(line) == len(lines[0]) for line in lines)  # columns line up
+
+
+def test_maj_at_k_votes_on_normalised_answers() -> None:
+    # "1,000", "1000" and "1000.0" are one answer (3 votes) against "7" (2 votes). Voting on the
+    # raw strings split them 1/1/1 and the first "7" won the tie-break... with 2 votes, wrongly.
+    rec = {
+        "answers": ["7", "1,000", "7", "1000", "1000.0"],
+        "correct": [False, True, False, True, True],
+    }
+    assert maj_at_k([rec], 5) == 1.0
+    # fractions in three spellings against two equal integers
+    rec = {
+        "answers": ["2", "1/2", "2", "0.5", "\\frac{1}{2}"],
+        "correct": [False, True, False, True, True],
+    }
+    assert maj_at_k([rec], 5) == 1.0
+    assert vote_key("1,000") == vote_key("1000") == vote_key("1000.0") != vote_key("100")

@@ -39,6 +39,17 @@ def canary(tmp_path: Path, monkeypatch) -> Path:
 
 
 @pytest.fixture
+def sigint_raises():
+    """Ctrl-C must raise KeyboardInterrupt here, even when pytest itself was started with SIGINT
+    ignored (a background job or ``nohup``: the shell makes the child ignore it)."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture
 def restore_threads():
     """Runs set ``train.threads``, which changes torch's thread count for this whole process."""
     import torch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -42,6 +43,12 @@ def _child(cmd: dict) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.environ.update(cmd.get("env") or {})
+        import sitecustomize  # tests/sitecustomize.py: the test hooks this child's env asks for
+
+        sitecustomize.install()
+        # A run started from a terminal takes Ctrl-C; the server may have been started with
+        # SIGINT ignored (a background job, nohup), which its children would inherit.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if cmd.get("hooks"):
             from rlvr.rewards.sandbox import resolve_target
 

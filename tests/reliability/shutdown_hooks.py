@@ -1,7 +1,7 @@
 """Probes that let a test interrupt a run inside a chosen phase of a chosen step.
 
 ``interrupt_in(phase, run_dir, action, after_step=1)`` wraps the rollout engine's ``generate``
-(phase "rollout") or the trainer's ``micro_loss`` (phase "update") so that the first call made
+(phase "rollout") or the step's ``update`` (phase "update") so that the first call made
 after step ``after_step`` has been logged runs ``action()`` (e.g. send SIGINT) before doing its
 work: the action happens inside that phase of step ``after_step + 1``.
 
@@ -34,11 +34,11 @@ def interrupt_in(
     """Install the probe; returns a function that removes it."""
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}; known: {PHASES}")
-    import rlvr.training.trainer as trainer_module
+    import rlvr.training.step as step_module
     from rlvr.rollout.hf import HFEngine
 
     fired = []
-    owner, attr = (HFEngine, "generate") if phase == "rollout" else (trainer_module, "micro_loss")
+    owner, attr = (HFEngine, "generate") if phase == "rollout" else (step_module, "update")
     real = getattr(owner, attr)
 
     def probe(*args, **kwargs):

@@ -40,7 +40,7 @@ def shutdown_argv(model_dir: Path, out: Path, name: str, *extra: str) -> list[st
 
 @pytest.mark.parametrize("phase", ["rollout", "update"])
 def test_ctrl_c_stops_the_run_cleanly(
-    phase, tiny_model_dir, tmp_path, capsys, restore_threads
+    phase, tiny_model_dir, tmp_path, capsys, restore_threads, sigint_raises
 ) -> None:
     symbolic.shutdown()  # the run must start its own maths checker, to be seen closing it
     before = children()
@@ -103,7 +103,7 @@ def test_ctrl_c_from_a_terminal_reaches_the_process_group(
 
 
 def test_ctrl_c_writes_a_final_checkpoint_or_says_why_not(
-    tiny_model_dir, tmp_path, capsys, restore_threads
+    tiny_model_dir, tmp_path, capsys, restore_threads, sigint_raises
 ) -> None:
     """Issue 9: Ctrl-C "writes a final checkpoint (or states why not)". With train.save_every=3
     and Ctrl-C inside step 5, step 4 would be lost silently: either a checkpoint of step 4 is
@@ -144,3 +144,24 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_ctrl_c_tests_pass_when_started_with_sigint_ignored(tmp_path) -> None:
+    """``make test`` from a background job or ``nohup`` starts pytest with SIGINT ignored; the
+    Ctrl-C tests must install the handling they rely on (they failed there before)."""
+    import subprocess
+    import sys
+
+    here = Path(__file__)
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         f"{here}::test_ctrl_c_stops_the_run_cleanly", f"{here}::test_ctrl_c_from_a_terminal_"
+         "reaches_the_process_group", f"--basetemp={tmp_path / 'inner'}"],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=here.parents[2],
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "3 passed" in res.stdout

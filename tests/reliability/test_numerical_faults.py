@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import rlvr.training.trainer as trainer_module
 from reliability.figures import add
 from reliability.runs import (
     read_status,
@@ -22,6 +21,7 @@ from reliability.runs import (
     tiny_overrides,
 )
 from rlvr.cli import main as cli_main
+from rlvr.objectives import Objective
 from rlvr.telemetry.health import HealthStop, read_health
 from rlvr.training.trainer import Trainer
 
@@ -53,15 +53,15 @@ class StepRecorder:
 
 def nan_loss_at(trainer: Trainer, bad_steps: set[int], monkeypatch) -> None:
     """Make every micro-batch loss of the given steps NaN (its statistics stay as computed)."""
-    real = trainer_module.micro_loss
+    real = trainer.objective.loss
 
-    def micro_loss(cfg, mb, counts, kl_coef):
-        loss, stats = real(cfg, mb, counts, kl_coef)
+    def loss(mb, counts):
+        value, stats = real(mb, counts)
         if trainer.step + 1 in bad_steps:
-            loss = loss * float("nan")
-        return loss, stats
+            value = value * float("nan")
+        return value, stats
 
-    monkeypatch.setattr(trainer_module, "micro_loss", micro_loss)
+    monkeypatch.setattr(trainer.objective, "loss", loss)
 
 
 def adam_steps(trainer: Trainer) -> int:
@@ -139,11 +139,11 @@ def test_repeated_nonfinite_steps_trip_the_health_gate(
 def test_rlvr_train_exits_3_when_the_health_gate_stops_it(
     tiny_model_dir, tmp_path, monkeypatch, capsys, restore_threads
 ) -> None:
-    real = trainer_module.micro_loss
+    real = Objective.loss
     monkeypatch.setattr(
-        trainer_module,
-        "micro_loss",
-        lambda *a: (lambda loss, st: (loss * float("nan"), st))(*real(*a)),
+        Objective,
+        "loss",
+        lambda self, *a: (lambda loss, st: (loss * float("nan"), st))(*real(self, *a)),
     )
     argv = ["train", *tiny_overrides(tiny_model_dir, tmp_path, "cli-streak"),
             "train.max_steps=5", "health.warmup_steps=0"]  # fmt: skip

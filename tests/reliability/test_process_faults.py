@@ -29,7 +29,6 @@ from reliability.procs import exited, sleep_while_running, wait_for
 from reliability.runs import read_status, tiny_overrides
 from rlvr.telemetry.sinks import read_metrics
 from rlvr.training.checkpoint import (
-    SLOW_SAVE_ENV,
     TMP_PREFIX,
     checkpoint_name,
     checkpoints_dir,
@@ -37,6 +36,7 @@ from rlvr.training.checkpoint import (
     read_marker,
     read_state,
 )
+from sitecustomize import SLOW_SAVE_ENV
 
 MAX_STEPS = 8
 KILLS = 12

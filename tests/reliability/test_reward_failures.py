@@ -19,10 +19,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import rlvr.training.trainer as trainer_module
+import rlvr.objectives.base as objective_base
 from reliability.figures import add, record
 from reliability.hostile_rewards import FAULT_MODES
 from reliability.runs import read_status, step_metrics, tiny_config
+from rlvr.objectives.base import Objective
 from rlvr.rewards.runner import RewardFailureError, RewardRunner
 from rlvr.telemetry.samples import read_samples
 from rlvr.training.trainer import Trainer
@@ -66,20 +67,20 @@ def test_failed_samples_are_excluded_and_counted_and_the_run_goes_on(
 ) -> None:
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     orders: list[list[int]] = []  # batch index of each micro-batch row (rows go by length)
-    real_micro_loss = trainer_module.micro_loss
-    real_micro_batches = trainer_module.length_micro_batches
+    real_loss = Objective.loss
+    real_micro_batches = objective_base.length_micro_batches
 
-    def spying_micro_loss(cfg, mb, counts, kl_coef):
+    def spying_loss(self, mb, counts):
         seen.append((mb.mask.detach().clone(), mb.advantages.detach().clone()))
-        return real_micro_loss(cfg, mb, counts, kl_coef)
+        return real_loss(self, mb, counts)
 
     def spying_micro_batches(*args, **kwargs):
         out = real_micro_batches(*args, **kwargs)
         orders.extend(out)
         return out
 
-    monkeypatch.setattr(trainer_module, "micro_loss", spying_micro_loss)
-    monkeypatch.setattr(trainer_module, "length_micro_batches", spying_micro_batches)
+    monkeypatch.setattr(Objective, "loss", spying_loss)
+    monkeypatch.setattr(objective_base, "length_micro_batches", spying_micro_batches)
     # 0.7 of 20 is 14: exactly the failures of each step, which is not *above* the limit.
     cfg = faulty_config(tiny_model_dir, tmp_path, "faulty", max_failure_fraction=0.7)
     run_dir = Path(Trainer(cfg).fit()["run_dir"])

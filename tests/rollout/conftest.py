@@ -73,3 +73,36 @@ def holder(tok):
 @pytest.fixture
 def engine(holder):
     return holder.get()
+
+
+@pytest.fixture(scope="session")
+def vllm_model_dir(tmp_path_factory):
+    """The tiny model saved to disk, for runs in child processes (``rlvr train`` / ``rlvr eval``)."""
+    from vllm_support import TINY
+
+    from rlvr.training.tiny import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny_vllm") / "model", **TINY)
+
+
+@pytest.fixture(scope="session")
+def sharp_vllm_model_dir(tmp_path_factory):
+    """The tiny model with its weights scaled up (norms aside), so greedy replies differ from
+    prompt to prompt (at the usual init scale every prompt gets the same flat-logit reply)."""
+    from vllm_support import TINY
+
+    from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=1, **TINY)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(SHARPEN)
+    out = tmp_path_factory.mktemp("sharp_vllm") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+SHARPEN = 20.0

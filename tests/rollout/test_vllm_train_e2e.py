@@ -18,20 +18,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from vllm_support import TINY
 
 pytestmark = pytest.mark.vllm
 
 # The run's default numerics on this CPU: bf16 autocast in the trainer, a bf16 engine. Measured on
 # the tiny model: |trainer - engine| log-prob mean ~1e-3, max ~8e-3; 0.05 leaves a 6x margin.
 BF16_LOGPROB_TOL = 0.05
-
-
-@pytest.fixture(scope="module")
-def vllm_model_dir(tmp_path_factory) -> Path:
-    from rlvr.training.tiny import save_tiny_model
-
-    return save_tiny_model(tmp_path_factory.mktemp("tiny_vllm") / "model", **TINY)
 
 
 def _command(model_dir: Path, out: Path, steps: int) -> list[str]:

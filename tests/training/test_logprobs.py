@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from rlvr.training.policy import (
     build_sequence_batch,
     choose_attention,
-    gather_logprobs,
     logprobs_and_entropy,
     sequence_logprobs,
 )
@@ -18,18 +17,15 @@ def test_misaligned_logits_and_labels_raise():
     logits = torch.randn(2, 5, 11)
     labels = torch.zeros(2, 4, dtype=torch.long)  # shifted by one: one column short
     with pytest.raises(ValueError, match="shape mismatch"):
-        gather_logprobs(logits, labels)
-    with pytest.raises(ValueError, match="shape mismatch"):
         logprobs_and_entropy(logits, labels)
 
 
-def test_gather_logprobs_hand_values():
+def test_logprobs_hand_values():
     # logits [0, ln 3] -> probs [1/4, 3/4]; label 1 -> log(3/4), label 0 -> log(1/4)
     logits = torch.tensor([[[0.0, torch.log(torch.tensor(3.0))]] * 2])
     labels = torch.tensor([[1, 0]])
-    lp = gather_logprobs(logits, labels)
+    lp, ent = logprobs_and_entropy(logits, labels)
     assert torch.allclose(lp, torch.log(torch.tensor([[0.75, 0.25]])), atol=1e-6)
-    _, ent = logprobs_and_entropy(logits, labels)
     # entropy of (1/4, 3/4) = -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.5623
     assert torch.allclose(ent, torch.full((1, 2), 0.562335), atol=1e-5)
 

@@ -98,3 +98,41 @@ def test_update_does_not_depend_on_how_sequences_are_grouped(tiny_model_dir, tmp
         # weight whose gradient is ~0 can differ by rounding; a grouping bug moves it by ~1e-2.
         torch.testing.assert_close(weights["split"][k], v, rtol=0, atol=1e-4, msg=k)
     assert grad_norms["split"] == pytest.approx(grad_norms["one_pass"], rel=1e-5)
+
+
+def test_listwise_weights_follow_their_group_whatever_the_cut(tiny_model_dir, tmp_path):
+    """maxent_listwise with shuffled minibatches: one group per pass or two groups per pass give
+    the same update. (A bug applied the weights of the lower-numbered group to whichever group
+    came first in a micro-batch, so a pass holding groups [3, 1] trained group 3's candidates
+    with group 1's weights.)"""
+    weights, metrics = {}, {}
+    for name, size in {"one_group": 4, "two_groups": 8}.items():
+        torch.manual_seed(0)
+        cfg = tiny_config(
+            tiny_model_dir,
+            tmp_path / name,
+            "algo.objective=maxent_listwise",
+            "algo.group_size=4",
+            "algo.prompts_per_step=8",
+            "algo.minibatches=2",
+            f"algo.micro_batch_size={size}",
+            "algo.maxent.skip_zero_variance_groups=false",
+            "model.autocast=off",
+            "train.lr=1e-2",
+            "train.max_steps=1",
+            "train.threads=1",
+            "eval.before_after=false",
+        )
+        from rlvr.training.trainer import Trainer
+
+        trainer = Trainer(cfg)
+        metrics[name] = trainer.train_step()
+        weights[name] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        trainer.engine.close()
+        trainer.ctx.rewards.close()
+    assert metrics["one_group"]["reward_std"] > 0  # the listwise weights are not all uniform
+    assert metrics["two_groups"]["maxent_listwise_loss"] == pytest.approx(
+        metrics["one_group"]["maxent_listwise_loss"], rel=1e-5
+    )
+    for k, v in weights["one_group"].items():
+        torch.testing.assert_close(weights["two_groups"][k], v, rtol=0, atol=1e-4, msg=k)

@@ -23,8 +23,9 @@ from safetensors.torch import load_file
 
 from rlvr.cli import main as cli_main
 from rlvr.config import load_config
-from rlvr.training.checkpoint import SLOW_SAVE_ENV, checkpoints_dir, latest_checkpoint
+from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
 from rlvr.training.trainer import Trainer
+from sitecustomize import SLOW_SAVE_ENV
 
 MAX_STEPS = 4
 SAVE_EVERY = 2
@@ -139,7 +140,7 @@ def test_sigkill_in_the_middle_of_a_step_then_resume_is_exact(
 def test_kill_during_a_checkpoint_write_resumes_from_the_previous_one(
     reference, tiny_model_dir, tmp_path, restore_threads
 ):
-    # The test hook pauses each save for 0.5 s after the model files and before COMPLETE.
+    # The test hook (tests/sitecustomize.py) pauses each save for 0.5 s before COMPLETE.
     proc = start_run(tiny_model_dir, tmp_path, "torn", {SLOW_SAVE_ENV: "0.5"})
     run_dir = tmp_path / "torn"
     torn = checkpoints_dir(run_dir) / ".tmp-step_000004"
@@ -189,5 +190,5 @@ def test_lora_ppo_with_adaptive_kl_resumes_exactly(tiny_model_dir, tmp_path, res
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     ha = torch.load(a / "checkpoints" / "step_000004" / "trainer_state.pt", weights_only=True)
     hb = torch.load(b / "checkpoints" / "step_000004" / "trainer_state.pt", weights_only=True)
-    for k in ha["value_head"]:
-        assert torch.equal(ha["value_head"][k], hb["value_head"][k]), k
+    for k in ha["objective"]:
+        assert torch.equal(ha["objective"][k], hb["objective"][k]), k

@@ -2,7 +2,6 @@
 
 No model, no I/O. Shapes: rewards and sequence quantities ``[P, G]`` (P prompts, G samples
 per prompt); token quantities ``[N, T]`` with a 0/1 mask, N = P * G in group-major order.
-Importing this package registers every estimator and loss by name (see ``registry``).
 """
 
 from rlvr.algorithms.advantages import (
@@ -14,10 +13,10 @@ from rlvr.algorithms.advantages import (
 )
 from rlvr.algorithms.kl import (
     KL_KINDS,
+    LOG_RATIO_CLAMP,
     AdaptiveKLController,
     FixedKLController,
     kl_estimate,
-    kl_penalty_rewards,
 )
 from rlvr.algorithms.losses import (
     AGG_MODES,
@@ -35,41 +34,27 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import psgrpo_step_advantages
-from rlvr.algorithms.registry import (
-    advantage_names,
-    get_advantage,
-    get_loss,
-    loss_names,
-    register_advantage,
-    register_loss,
-)
 
 __all__ = [
     "AGG_MODES",
     "GROUP_METHODS",
     "KL_KINDS",
+    "LOG_RATIO_CLAMP",
     "AdaptiveKLController",
     "FixedKLController",
     "active_groups",
-    "advantage_names",
     "aggregate",
     "aggregate_denominator",
     "gae_advantages",
-    "get_advantage",
-    "get_loss",
     "group_advantages",
     "kl_estimate",
-    "kl_penalty_rewards",
     "last_token_rewards",
-    "loss_names",
     "maxent_clip_term",
     "maxent_listwise_loss",
     "maxent_weights",
     "policy_loss",
     "ratio_stats",
     "psgrpo_step_advantages",
-    "register_advantage",
-    "register_loss",
     "sequence_logp",
     "value_loss",
     "whiten",

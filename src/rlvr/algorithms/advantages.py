@@ -18,7 +18,6 @@ from rlvr.algorithms._checks import (
     require_same_shape,
     require_tensor,
 )
-from rlvr.algorithms.registry import register_advantage
 
 GROUP_METHODS: tuple[str, ...] = ("grpo", "drgrpo", "rloo")
 
@@ -115,7 +114,6 @@ def group_advantages(
     return adv.reshape(rewards.shape)
 
 
-@register_advantage("grpo")
 def grpo_advantages(
     rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
 ) -> Tensor:
@@ -123,7 +121,6 @@ def grpo_advantages(
     return group_advantages(rewards, group_size, "grpo", valid=valid, eps=eps)
 
 
-@register_advantage("drgrpo")
 def drgrpo_advantages(
     rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
 ) -> Tensor:
@@ -131,7 +128,6 @@ def drgrpo_advantages(
     return group_advantages(rewards, group_size, "drgrpo", valid=valid, eps=eps)
 
 
-@register_advantage("rloo")
 def rloo_advantages(
     rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
 ) -> Tensor:
@@ -139,7 +135,6 @@ def rloo_advantages(
     return group_advantages(rewards, group_size, "rloo", valid=valid, eps=eps)
 
 
-@register_advantage("gae")
 @torch.no_grad()
 def gae_advantages(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95

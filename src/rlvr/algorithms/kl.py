@@ -1,20 +1,20 @@
-"""KL estimators between the policy and a reference, KL coefficient controllers, KL-as-reward.
+"""KL estimators between the policy and a reference, and KL coefficient controllers.
 
 Estimators (Schulman, "Approximating KL divergence", 2020), per token, for samples drawn from
-the policy, with ``x = logp - ref_logp`` clamped to [-20, 20]:
+the policy, with ``x = logp - ref_logp`` clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]:
 
 * ``k1 = x``: unbiased for KL(pi || ref), high variance, can be negative per token.
 * ``k2 = 0.5 x^2``: biased, low variance, >= 0.
-* ``k3 = exp(-x) + x - 1``: unbiased, >= 0; its variance grows fast with |x| (seed 001 saw a
-  KL of ~10 from k3 that turned out to be misaligned log-probs, not drift).
+* ``k3 = exp(-x) + x - 1``: unbiased, >= 0; its variance grows fast with |x| (a k3 KL of ~10
+  is more often misaligned log-probs than real drift).
 
 Two ways to use KL in training, pick one:
 
 * as a loss term: ``loss += coef * aggregate(kl_estimate(logp, ref_logp, kind), mask, mode)``
   (GRPO style; gradient flows through ``logp``);
-* as a reward penalty: :func:`kl_penalty_rewards` gives token rewards ``-coef * kl`` plus the
-  sequence reward on the last token, for :func:`rlvr.algorithms.gae_advantages` (PPO style,
-  Ziegler et al. 2019; no gradient through the penalty).
+* as a reward penalty: ``score -= coef * sum_t kl_t`` per sequence before the advantages
+  (PPO style, Ziegler et al. 2019, arXiv 1909.08593; no gradient through the penalty); see
+  ``rlvr.training.step.kl_penalty``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algorithms._checks import require_ndim, require_positive, require_same_shape
-from rlvr.algorithms.advantages import last_token_rewards
+from rlvr.algorithms._checks import require_positive, require_same_shape
 
 KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+# The one bound on |log pi - log pi_old| (and |log pi - log ref|) before an exponential or a KL
+# estimate: exp(20) ~ 5e8 is already far past any clip range. `algo.log_ratio_clamp` defaults to it.
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -83,28 +84,3 @@ class AdaptiveKLController:
             raise ValueError(f"n_steps must be >= 0, got {n_steps!r}")
         error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
-
-
-@torch.no_grad()
-def kl_penalty_rewards(
-    seq_rewards: Tensor,
-    logp: Tensor,
-    ref_logp: Tensor,
-    mask: Tensor,
-    coef: float,
-    kind: str = "k1",
-) -> Tensor:
-    """Token rewards ``[N, T]`` for PPO: ``-coef * kl_t`` on every valid token, plus the sequence
-    reward ``seq_rewards`` ``[N]`` on each sequence's last valid token.
-
-    ``logp``/``ref_logp``/``mask`` are ``[N, T]``. Feed the result to ``gae_advantages``; do not
-    also add a KL loss term. With ``kind="k1"`` the penalties of a sequence sum to
-    ``-coef * (log pi(y) - log ref(y))``, the sampled sequence-level KL. Masked positions are 0.
-    """
-    require_ndim("logp", logp, 2)
-    require_same_shape(logp=logp, ref_logp=ref_logp, mask=mask)
-    if not coef >= 0:
-        raise ValueError(f"coef must be >= 0, got {coef!r}")
-    base = last_token_rewards(seq_rewards, mask).to(logp.dtype)
-    kl = torch.where(mask != 0, kl_estimate(logp, ref_logp, kind), torch.zeros_like(logp))
-    return base - coef * kl

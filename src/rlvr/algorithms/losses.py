@@ -20,7 +20,7 @@ from rlvr.algorithms._checks import (
     require_same_shape,
     require_tensor,
 )
-from rlvr.algorithms.registry import register_loss
+from rlvr.algorithms.kl import LOG_RATIO_CLAMP
 
 AGG_MODES: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -130,7 +130,6 @@ def _masked_log_ratio(
     return raw_log_ratio, torch.where(m, adv.detach().to(logp.dtype), zeros)
 
 
-@register_loss("ppo_clip")
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -140,7 +139,7 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
-    log_ratio_clamp: float = 20.0,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
     agg_mode: str = "seq_mean_token_sum_norm",
     max_len: int | None = None,
     denominator: float | None = None,
@@ -268,7 +267,7 @@ def ratio_stats(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     dual_clip: float | None = None,
-    log_ratio_clamp: float = 20.0,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
 ) -> dict[str, float]:
     """The ratio diagnostics of :func:`policy_loss` for any objective that has token log-ratios
     (e.g. the listwise objective, whose loss is not a per-token surrogate). Shapes as there."""
@@ -279,7 +278,6 @@ def ratio_stats(
     return _ratio_stats(raw, clamped, adv, m, clip_low, clip_high, dual_clip)
 
 
-@register_loss("value_clip")
 def value_loss(
     values: Tensor,
     old_values: Tensor,

@@ -28,9 +28,7 @@ from rlvr.algorithms._checks import (
     require_same_shape,
     require_tensor,
 )
-from rlvr.algorithms.registry import register_loss
-
-LOG_RATIO_CLAMP = 20.0
+from rlvr.algorithms.kl import LOG_RATIO_CLAMP
 
 
 @torch.no_grad()
@@ -100,7 +98,6 @@ def _check_group_inputs(active: Tensor, **tensors: Tensor) -> Tensor:
     return require_mask("active", active)
 
 
-@register_loss("maxent_listwise")
 def maxent_listwise_loss(policy_seq_logp: Tensor, weights: Tensor, active: Tensor) -> Tensor:
     """Weighted listwise cross-entropy ``-sum_i w_i log_softmax(s)_i``, mean over active groups.
 
@@ -122,7 +119,6 @@ def maxent_listwise_loss(policy_seq_logp: Tensor, weights: Tensor, active: Tenso
     return per_group.mean()
 
 
-@register_loss("maxent_clip")
 def maxent_clip_term(
     policy_seq_logp: Tensor,
     old_seq_logp: Tensor,
@@ -130,10 +126,11 @@ def maxent_clip_term(
     active: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
 ) -> Tensor:
     """PPO-clipped sequence-level term with listwise advantages ``a_i = w_i - 1/K``.
 
-    Per candidate, ``ratio_i = exp(clamp(s_i - s_old_i, -20, 20))`` and the loss is
+    Per candidate, ``ratio_i = exp(clamp(s_i - s_old_i, -c, c))`` (``c = log_ratio_clamp``) and the loss is
     ``-min(ratio_i a_i, clip(ratio_i, 1 - clip_low, 1 + clip_high) a_i)``, summed over the K
     candidates of a group and averaged over active groups. Summing (not averaging) over the
     candidates gives, at ratio 1 and a uniform policy, the same gradient as
@@ -161,7 +158,7 @@ def maxent_clip_term(
         return s.sum()
     k = s.shape[1]
     adv = weights[act].detach().to(s.dtype) - 1.0 / k
-    log_ratio = (s - old_seq_logp[act].detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = (s - old_seq_logp[act].detach()).clamp(-log_ratio_clamp, log_ratio_clamp)
     ratio = torch.exp(log_ratio)
     surrogate = torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
     return -surrogate.sum(-1).mean()

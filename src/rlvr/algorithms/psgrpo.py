@@ -1,6 +1,6 @@
-"""Per-step advantages for PS-GRPO with a process reward model ("variant 2" of seed 001).
+"""Per-step advantages for PS-GRPO with a process reward model (URSA, arXiv 2501.04686).
 
-Seed 001 (the URSA-MATH migration, citing the URSA paper's appendix B.1, Eq. 9) writes
+The URSA paper's appendix B.1 (Eq. 9) writes the per-step advantage as
 
     A_t^i = r_{s,t}^i * GroupNorm_G(rbar_s^i) + GroupNorm_G(r_o^i)
 
@@ -17,7 +17,7 @@ Our reading, for response i of a prompt group of G responses split into steps t 
 comparison of mean step scores (a response whose steps score above its group's average has
 all of its steps pushed up, each in proportion to its own score; below average, pushed down).
 That is what keeps the advantages signed, unlike a raw per-step reward that is always >= 0
-(the "all-positive" failure mode seed 001's tests guard against). Tokens after the last step
+(the "all-positive" failure mode our tests guard against). Tokens after the last step
 get the outcome term only. The URSA paper itself preferred the scalar PS-GRPO reward; this
 estimator exists for ablations.
 """
@@ -30,10 +30,8 @@ from torch.nn.utils.rnn import pad_sequence
 
 from rlvr.algorithms._checks import float_dtype, require_mask, require_ndim, require_same_shape
 from rlvr.algorithms.advantages import as_groups, group_advantages
-from rlvr.algorithms.registry import register_advantage
 
 
-@register_advantage("psgrpo_steps")
 @torch.no_grad()
 def psgrpo_step_advantages(
     step_scores: list[list[float]],

@@ -1,8 +1,7 @@
 """Settings of the health gate: one sub-model per rule, each with ``enabled`` and ``action``.
 
-The rules are seed 002's early smoke-test criteria ("do not wait 20 episodes to detect
-problems"), plus two that catch what went wrong silently in seed 001 (engine/trainer log-prob
-mismatch) and a guard against an update loop that keeps skipping non-finite steps.
+The rules are early smoke-test criteria (do not wait 20 episodes to detect a problem), plus
+two that catch failures that are otherwise silent (engine/trainer log-prob mismatch) and a guard against an update loop that keeps skipping non-finite steps.
 
 ``action`` decides what the trainer does when a rule fires: ``warn`` logs the event and goes on,
 ``stop`` writes ``health.json`` and ends the run with a non-zero exit. Stop is the default only

@@ -120,6 +120,11 @@ class PPOConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1)
     lam: float = Field(0.95, ge=0, le=1)
     value_coef: float = Field(1.0, gt=0)
+    whiten_advantages: bool = Field(
+        True,
+        description="Whiten GAE advantages over the batch's valid tokens (verl always does, "
+        "OpenRLHF by default).",
+    )
 
 
 class PSGRPOStepsConfig(Section):
@@ -163,6 +168,7 @@ class AlgoConfig(Section):
         0.2, ge=0.0, description="Set above clip_low for clip-higher (e.g. 0.28)."
     )
     dual_clip: float | None = Field(None, description="Dual-clip constant c > 1, or None.")
+    # = rlvr.algorithms.LOG_RATIO_CLAMP (config imports no torch; a test keeps the two equal)
     log_ratio_clamp: float = Field(20.0, gt=0)
     loss_agg: str = Field(
         "auto",

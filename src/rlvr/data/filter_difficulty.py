@@ -1,8 +1,8 @@
 """`rlvr data filter-difficulty`: keep the prompts the current model solves sometimes.
 
 A prompt every sample solves (or none does) gives every completion of its group the same
-reward, hence zero advantage: it costs a rollout and teaches nothing (seed 001 filtered its
-data to mixed outcomes for this reason). The model samples K responses per prompt through
+reward, hence zero advantage: it costs a rollout and teaches nothing (hence filtering a
+dataset to mixed outcomes). The model samples K responses per prompt through
 the path training uses (template, rollout engine, reward runner: `generate_records`), and a
 prompt is kept when its solve rate c / K lies strictly between ``min_rate`` and ``max_rate``.
 

@@ -1,14 +1,14 @@
 """Prompt templates: how a dataset row becomes the text the model sees.
 
 Training, in-training evaluation and `rlvr eval` all call `render_prompt`, so the three can
-never drift apart (seed 001's eval path used a different template and under-reported by 12.8 points).
+never drift apart (an eval path with another template can under-report accuracy by 10+ points).
 """
 
 from __future__ import annotations
 
 from rlvr.config.sections import TEMPLATES
 
-# understand-r1-zero's "r1" template (OAT Dr.GRPO baseline, seed 000).
+# understand-r1-zero's "r1" template (the Dr.GRPO baseline of arXiv 2503.20783).
 R1_TEMPLATE = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
     "The Assistant first thinks about the reasoning process in the mind and then provides the User with "

@@ -17,6 +17,7 @@ from rlvr.data.templates import render_rows
 from rlvr.eval.metrics import summarize
 from rlvr.rewards.math import extract_answer
 from rlvr.rollout.base import SamplingParams
+from rlvr.telemetry.jsonio import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,5 @@ def write_eval_file(path: Path, payload: dict) -> Path:
     """Write ``payload`` as JSON atomically (a reader never sees half a file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(payload, indent=1))
     return path

@@ -12,28 +12,48 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from rlvr.config import Config
 from rlvr.eval.early_stop import EarlyStopper
 from rlvr.eval.evaluator import EvalSet, eval_payload, evaluate_sets, write_eval_file
 from rlvr.eval.sets import build_eval_sets
+from rlvr.telemetry.jsonio import atomic_write_text
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"
 
 
 class InTrainingEvaluator:
-    """Scheduled evaluations of one run. ``trainer`` gives cfg, ctx, engine, tokenizer, model."""
+    """Scheduled evaluations of one run, from explicit parts (no trainer).
 
-    def __init__(self, trainer) -> None:
-        self.trainer = trainer
-        self.cfg = trainer.cfg
-        self.ctx = trainer.ctx
+    ``sync`` is called before every evaluation: it gives the engine the weights of the step the
+    evaluation is labelled with (the engine may lag behind with ``rollout.sync_every > 1``).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        run_dir: Path,
+        engine,
+        tokenizer,
+        rewards,
+        model: torch.nn.Module,
+        heldout_rows: list[dict],
+        train_rows: list[dict],
+        sync: Callable[[], object] = lambda: None,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.engine, self.tokenizer, self.rewards, self.model = engine, tokenizer, rewards, model
+        self.sync = sync
         ev = self.cfg.eval
         self.sets: list[EvalSet] = build_eval_sets(
-            self.cfg,
-            heldout_rows=lambda: self.ctx.eval_rows,
-            train_rows=lambda: self.ctx.train_rows,
+            self.cfg, heldout_rows=lambda: heldout_rows, train_rows=lambda: train_rows
         )
         self.best_metric = ev.best_metric_name()
         self.best: dict | None = None  # {"metric", "step", "value"}
@@ -59,13 +79,14 @@ class InTrainingEvaluator:
     # ------------------------------------------------------------------ evaluation
     def _evaluate(self, step: int) -> dict:
         """Run every set; write eval/step_<step>.json; return ``eval/<set>/<metric>`` scores."""
-        cfg, ctx = self.cfg, self.ctx
+        cfg = self.cfg
         t = time.perf_counter()
+        self.sync()
         outcome = evaluate_sets(
-            self.trainer.engine,
-            self.trainer.tokenizer,
+            self.engine,
+            self.tokenizer,
             self.sets,
-            ctx.rewards,
+            self.rewards,
             template=cfg.data.template,
             system_prompt=cfg.data.system_prompt,
             max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
@@ -73,7 +94,7 @@ class InTrainingEvaluator:
             seed=cfg.eval.seed,
         )
         write_eval_file(
-            Path(ctx.run_dir) / "eval" / f"step_{step:06d}.json",
+            self.run_dir / "eval" / f"step_{step:06d}.json",
             eval_payload(outcome, step=step),
         )
         metrics = outcome.metrics()
@@ -109,21 +130,19 @@ class InTrainingEvaluator:
         )
 
     def _write_best(self, save_model: bool = True) -> None:
-        run_dir = Path(self.ctx.run_dir)
+        run_dir = self.run_dir
         best = dict(self.best or {})
         if self.cfg.eval.save_best and save_model:
             best["model"] = str(self._save_best_model(run_dir / BEST_DIR))
-        tmp = run_dir / (BEST_FILE + ".tmp")
-        tmp.write_text(json.dumps(best, indent=1))
-        tmp.replace(run_dir / BEST_FILE)
+        atomic_write_text(run_dir / BEST_FILE, json.dumps(best, indent=1))
 
     def _save_best_model(self, out: Path) -> Path:
         """The current model (or LoRA adapter) and tokenizer, replacing ``out`` atomically."""
         tmp = out.with_name(out.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        self.trainer.model.save_pretrained(tmp)
-        self.trainer.tokenizer.save_pretrained(tmp)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -135,12 +154,12 @@ class InTrainingEvaluator:
         return metrics
 
     # ------------------------------------------------------------------ run-loop hooks
-    def before(self) -> dict:
+    def before(self, step: int = 0) -> dict:
         """Metrics of the evaluation before the first step ({} when not configured).
 
-        A resumed run (trainer.step > 0) already has its baseline and skips it.
+        A resumed run (``step`` > 0) already has its baseline and skips it.
         """
-        if not (self.enabled and self.cfg.eval.before_after) or self.trainer.step > 0:
+        if not (self.enabled and self.cfg.eval.before_after) or step > 0:
             return {}
         return self._run(0)
 
@@ -172,7 +191,7 @@ class InTrainingEvaluator:
                 "value": float(best["value"]),
             }
         # best.json may name a step after the checkpoint, which the resumed run will redo.
-        (Path(self.ctx.run_dir) / BEST_FILE).unlink(missing_ok=True)
+        (self.run_dir / BEST_FILE).unlink(missing_ok=True)
         if self.best is not None:
             self._write_best(save_model=False)
         saved = state.get("early_stop")

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlvr.training.distributed import DistInfo, device_for
-from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer
+from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer, prepare_tokenizer
 from rlvr.training.run_setup import build_engine, resolve_autocast, use_training_attention
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
@@ -121,10 +121,7 @@ def load_policy(
     use_training_attention(model, cfg, device)
     model = PeftModel.from_pretrained(model, str(adapter)).to(device)
     if (adapter / "tokenizer_config.json").exists():  # the run saved its tokenizer beside it
-        tokenizer = AutoTokenizer.from_pretrained(str(adapter))
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(adapter)))
     return model, tokenizer, base_name
 
 

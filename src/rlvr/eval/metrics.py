@@ -10,8 +10,7 @@ A record is one prompt's evaluation:
 Only "correct" is needed by every metric and "answers" by maj@k; when "responses" or "answers"
 are present their length must equal len(correct).
 
-The modes are reported under different names and must never be compared with each other
-(seed 002, section 7):
+The modes are reported under different names and must never be compared with each other:
 
 - greedy_pass@1        temperature 0, n = 1: fraction of prompts whose one response is correct.
 - sampling_pass@k      temperature > 0, n >= k: the unbiased pass@k estimator of Chen et al.
@@ -21,7 +20,7 @@ The modes are reported under different names and must never be compared with eac
 - nondet_proxy_pass@k  pass@k of temperature-0 runs with n > 1: only measures nondeterminism
                        of batched greedy decoding (a diagnostic, not a score).
 
-Seed 002 describes its sampling_pass@8 as "majority-vote accuracy"; here the two are separate
+"sampling_pass@8" is sometimes called "majority-vote accuracy"; here the two are separate
 numbers, sampling_pass@k (any of k) and maj@k (the vote), so neither is mistaken for the other.
 """
 
@@ -30,6 +29,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
+
+from rlvr.rewards.normalize import normalize_answer, parse_number
 
 MODES = ("greedy", "sampling", "nondet_proxy")
 
@@ -85,18 +86,27 @@ def maj_at_k(records: Sequence[Mapping], k: int) -> float:
     )
 
 
+def vote_key(answer: str) -> str:
+    """What maj@k counts: the normalised answer, and one key per number whatever its spelling
+    ("1,000", "1000" and "1000.0" vote together; so do "0.5", "1/2" and "\\frac{1}{2}")."""
+    text = normalize_answer(answer)
+    number = parse_number(text)
+    return text if number is None else str(number)
+
+
 def _majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> bool:
     first_index: dict[str, int] = {}
     votes: dict[str, int] = {}
     for index, answer in enumerate(answers):
         if answer is None:
             continue
-        first_index.setdefault(answer, index)
-        votes[answer] = votes.get(answer, 0) + 1
+        key = vote_key(answer)
+        first_index.setdefault(key, index)
+        votes[key] = votes.get(key, 0) + 1
     if not votes:
         return False
     # Highest count wins; among equal counts the smaller first index wins.
-    winner = max(votes, key=lambda answer: (votes[answer], -first_index[answer]))
+    winner = max(votes, key=lambda key: (votes[key], -first_index[key]))
     return bool(correct[first_index[winner]])
 
 

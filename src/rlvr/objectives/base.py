@@ -17,9 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-if TYPE_CHECKING:
-    import torch
+import torch
 
+from rlvr.algorithms import aggregate, kl_estimate, policy_loss
+from rlvr.training.batching import length_micro_batches
+from rlvr.training.policy import SequenceBatch, completion_logits
+
+if TYPE_CHECKING:
     from rlvr.config import Config
     from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch
 
@@ -55,8 +59,6 @@ class Objective:
     name: ClassVar[str] = ""
     # Loss aggregation when algo.loss_agg=auto (rlvr.algorithms.AGG_MODES).
     default_loss_agg: ClassVar[str] = "seq_mean_token_sum_norm"
-    # True: a micro-batch must hold whole prompt groups, in group order (listwise losses).
-    whole_groups: ClassVar[bool] = False
 
     def __init__(self, cfg: Config, tokenizer=None) -> None:
         self.cfg = cfg
@@ -70,22 +72,87 @@ class Objective:
         """This objective's own config rules, each message naming the knob."""
         return []
 
+    # ------------------------------------------------------------------ set-up
+    def attach(self, model: torch.nn.Module, device: torch.device) -> list[dict]:
+        """Build modules this objective trains besides the policy (a critic); returns their
+        optimizer parameter groups."""
+        return []
+
+    def state_dict(self) -> dict | None:
+        """Weights of the modules ``attach`` built, for a checkpoint (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            raise ValueError(f"objective {self.name!r} has no state, the checkpoint has some")
+
     # ------------------------------------------------------------------ the step
     def needs(self) -> Needs:
         a = self.cfg.algo
         return Needs(reference=a.beta > 0, old_logp=a.epochs_per_batch > 1 or a.minibatches > 1)
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
-        """Fill ``batch`` with what ``loss`` reads (advantages, ...); returns statistics."""
+        """Fill ``batch.advantages`` (and ``batch.seq``/``batch.tok``) for ``loss``; returns
+        statistics for the step's metrics."""
         raise NotImplementedError
 
     def micro_batches(self, indices: list[int], batch: RolloutBatch) -> list[list[int]]:
-        """How the sequences ``indices`` of one minibatch are cut into forward/backward passes."""
-        raise NotImplementedError
+        """How the sequences ``indices`` of one minibatch are cut into forward/backward passes:
+        by default grouped by length (less padding: README, "Performance")."""
+        a = self.cfg.algo
+        return length_micro_batches(
+            indices,
+            [len(p) for p in batch.seq_prompt_ids],
+            [len(c) for c in batch.comp_ids],
+            a.micro_batch_size,
+            a.micro_batch_tokens,
+        )
+
+    def active_groups(self, batch: RolloutBatch, indices: list[int]) -> int:
+        """Groups among ``indices`` that a group-level loss averages over (0: none is used)."""
+        return 0
+
+    def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
+        """The update's forward pass: ``logits`` ``[B, Tc, V]`` (and ``values`` for a critic)."""
+        return {"logits": completion_logits(model, sb)}
 
     def loss(self, mb: MicroBatch, counts: MinibatchCounts) -> tuple[torch.Tensor, dict]:
-        """Loss of one micro-batch, already divided by the minibatch's global denominators."""
-        raise NotImplementedError
+        """Loss of one micro-batch, already divided by the minibatch's global denominators:
+        the policy term, plus the KL penalty (``algo.kl_mode=loss``) and the entropy bonus."""
+        a = self.cfg.algo
+        max_len = self.cfg.rollout.max_new_tokens
+        denom = counts.for_mode(self.agg_mode)
+        loss, stats = self.policy_term(mb, counts)
+        stats["policy_loss"] = float(loss.detach())
+        if mb.ref_logp is not None:
+            kl = kl_estimate(mb.logp, mb.ref_logp, a.kl_estimator)
+            stats["kl"] = float((kl.detach() * mb.mask).sum() / mb.mask.sum().clamp(min=1))
+            if a.kl_mode == "loss" and mb.kl_coef > 0:
+                agg = aggregate(kl, mb.mask, self.agg_mode, max_len=max_len, denominator=denom)
+                loss = loss + mb.kl_coef * agg
+        if a.entropy_coef:
+            # maximise entropy (arXiv 1707.06347, eq. 9): mb.entropy carries its gradient
+            ent = aggregate(mb.entropy, mb.mask, self.agg_mode, max_len=max_len, denominator=denom)
+            loss = loss - a.entropy_coef * ent
+        return loss, stats
+
+    def policy_term(self, mb: MicroBatch, counts: MinibatchCounts) -> tuple[torch.Tensor, dict]:
+        """The clipped surrogate (arXiv 1707.06347) with clip-higher and dual clip."""
+        a = self.cfg.algo
+        loss, stats = policy_loss(
+            mb.logp,
+            mb.old_logp,
+            mb.advantages,
+            mb.mask,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            log_ratio_clamp=a.log_ratio_clamp,
+            agg_mode=self.agg_mode,
+            max_len=self.cfg.rollout.max_new_tokens,
+            denominator=counts.for_mode(self.agg_mode),
+        )
+        return loss, dict(stats)
 
 
 def build_objective(cfg: Config, tokenizer=None) -> Objective:

@@ -10,7 +10,7 @@ Order (first that yields a non-empty answer wins):
    handled; an unclosed box, e.g. at a truncation point, is skipped);
 3. the last ``<answer>...</answer>``;
 4. the last GSM8K ``#### x`` line;
-5. the last number-like token ``-?\\d[\\d,]*(?:\\.\\d+)?`` (seed 002, section 10).
+5. the last number-like token ``-?\\d[\\d,]*(?:\\.\\d+)?``.
 
 Every step is linear in the length of the text (no backtracking regex, one pass for
 brace matching), so a megabyte of output or ten thousand nested braces costs

@@ -1,4 +1,4 @@
-"""Process reward models (PRMs) and the PS-GRPO reward built on them (URSA, seed 001).
+"""Process reward models (PRMs) and the PS-GRPO reward built on them (URSA, arXiv 2501.04686).
 
 A response is cut into steps (``Step 1: ...``, ``Step 2: ...``, ended by ``†Answer: ...``),
 a PRM scores each step in [0, 1], and:
@@ -8,8 +8,8 @@ a PRM scores each step in [0, 1], and:
   PRM scores fall sharply somewhere (a "drop moment": a relative drop between consecutive
   steps above ``rho``); 1 if right without one.
 
-The ``min_steps`` rule: a response with fewer than ``min_steps`` steps gets 0. Seed 001
-found the hole it closes: with one step there is no consecutive pair, the drop check
+The ``min_steps`` rule: a response with fewer than ``min_steps`` steps gets 0. It closes a
+known hole: with one step there is no consecutive pair, the drop check
 cannot fire, so a policy learns to answer in one step and its replies collapse in length.
 ``PSGRPOReward`` and ``MathPRMReward`` default to ``min_steps=2``; the bare
 ``psgrpo_reward``/``math_prm_reward`` functions default to 0 (the paper's formula).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -39,7 +39,6 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str
-    extra: dict = field(default_factory=dict)
 
     @property
     def truncated(self) -> bool:
@@ -48,6 +47,9 @@ class Completion:
 
 class RolloutEngine(Protocol):
     name: str
+    # The trainer's policy version (updates applied) of the weights the engine samples from;
+    # the run loop syncs whenever it differs from the train state's (training/step.sync_engine).
+    policy_version: int
 
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams

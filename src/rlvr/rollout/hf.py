@@ -33,6 +33,8 @@ class HFEngine:
         self.autocast = autocast
         # FSDP: every rank must run the same number of forward passes (HF's synced_gpus).
         self.synced = synced
+        # The trainer's module is this engine's: whatever version the trainer records is held.
+        self.policy_version = 0
 
     def _autocast(self):
         if not self.autocast:
@@ -154,8 +156,6 @@ class HFEngine:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: this engine samples from the trainer's own module."""
-        for _ in named_tensors:
-            pass
 
     def close(self) -> None:
         self.model = None

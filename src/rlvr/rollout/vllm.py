@@ -107,6 +107,7 @@ class VLLMEngine:
         self.max_model_len = max_model_len
         self.bucket_bytes = bucket_bytes
         self.last_sync_stats: SyncStats | None = None
+        self.policy_version = 0  # the trainer's policy version these weights are (set on sync)
         self._plan = dict(lora_plan or {})
         self._adapter = adapter
         self._owned_dir = owned_dir

@@ -1,4 +1,4 @@
-"""The health gate: checks each step's metrics against seed 002's smoke-test criteria.
+"""The health gate: checks each step's metrics against early smoke-test criteria.
 
 Usage in a training loop::
 

@@ -2,8 +2,8 @@
 
 Any key may be missing on a given step (``kl`` when beta = 0, eval keys on non-eval steps), so
 readers look keys up with ``.get``. The report lists the contract keys a run never logged, which
-makes a metric that silently stopped being produced visible (seed 001: ratio diagnostics were
-mapped in the dashboard but never produced, so they were absent for a whole campaign).
+makes a metric that silently stopped being produced visible (a dashboard panel mapped to a key
+nobody produces shows nothing, and nobody notices for a whole campaign).
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ ROLLOUT_KEYS = (
 TIMING_KEYS = (
     "time_rollout",
     "time_reward",
+    "time_logprobs",  # the trainer's log-probs of the sampled tokens (old_logp), reference apart
     "time_reference",
+    "time_prepare",  # the objective's advantages / weights
     "time_update",
     "time_sync",
     "time_eval",
@@ -70,12 +72,17 @@ TIMING_KEYS = (
 PHASE_TIMING_KEYS = (
     "time_rollout",
     "time_reward",
+    "time_logprobs",
     "time_reference",
+    "time_prepare",
     "time_update",
     "time_sync",
     "time_eval",
 )
-STEP_KEYS = ("step", "epoch", "lr")
+# policy_version: updates applied so far (the engine's weights are synced to it before generating
+# or evaluating, every rollout.sync_every versions); kl_coef: the KL coefficient used this step;
+# sync_*: the vLLM engine's weight-sync statistics on the steps that synced.
+STEP_KEYS = ("step", "epoch", "lr", "policy_version")
 
 METRIC_KEYS: tuple[str, ...] = STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS
 

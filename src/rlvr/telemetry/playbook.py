@@ -1,4 +1,4 @@
-"""What to check or change when a health rule fires (seed 002's tuning playbook, in our words).
+"""What to check or change when a health rule fires (a GRPO tuning playbook, in our words).
 
 Each entry is a format string; the gate fills in the numbers it observed.
 """

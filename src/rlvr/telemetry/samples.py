@@ -1,7 +1,7 @@
 """Sampled completions, one JSON-lines file per step under ``run_dir/samples/``.
 
 Reading what the model actually wrote is the fastest way to spot reward hacking and length
-collapse (seed 001: one-step answers that scored full reward); the report shows a few of them.
+collapse (one-step answers that score full reward are obvious in the text, invisible in the means); the report shows a few of them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Gradient-spike log: which prompts were in the batch when ``grad_norm`` blew up.
 
-Seed 002 found that loss / grad-norm spikes came from extreme log-probability ratios on a few
+Loss / grad-norm spikes in GRPO runs usually come from extreme log-probability ratios on a few
 tokens, not from advantage outliers. Logging the ratio statistics next to each spike (and the
 advantage statistics, to rule them out) plus short hashes of the prompts lets one check whether
 the same prompts keep causing spikes without storing the prompt text twice.

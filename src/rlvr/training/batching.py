@@ -1,7 +1,7 @@
 """Which prompts go into a step, and how a rollout batch is cut into minibatches and micro-batches.
 
 Minibatches are cut at prompt-group boundaries: a listwise objective (maxent_listwise) computes its
-loss over a whole group, and seed 000 found that stock shuffling of flat rows silently corrupts it.
+loss over a whole group, which a stock shuffle of flat rows silently corrupts.
 Micro-batches only split the work of one minibatch (every loss divides by minibatch-wide counts),
 so they may regroup sequences by length, except for the listwise objective.
 """

@@ -3,17 +3,15 @@
 A checkpoint is a folder ``RUN_DIR/checkpoints/step_NNNNNN`` holding
 
     model/                 HF folder: full weights, or only the adapter of a LoRA run (+ tokenizer)
-    trainer_state.pt       tensors: optimizer, LR scheduler, value head, torch RNG
-    trainer_state.json     step, data-sampler position, KL coefficient, python/numpy RNG, ``extra``
+    trainer_state.pt       tensors: optimizer, LR scheduler, the objective's modules, torch RNG
+    trainer_state.json     step, policy version, data-sampler position, KL coefficient,
+                           python/numpy RNG, ``extra``
     config.yaml            the run config when it was written
     COMPLETE               written last: the step and the size of every file above
 
 It is written under ``checkpoints/.tmp-step_NNNNNN``, every file is fsynced, ``COMPLETE`` goes in
 last and the folder is then renamed into place. A folder without a ``COMPLETE`` that matches its
 files is never loaded, so a kill at any moment leaves the previous checkpoint as the newest one.
-
-Test hook: ``RLVR_TEST_SLOW_SAVE=<seconds>`` sleeps that long after the model files are written and
-before ``COMPLETE`` is, so a test can SIGKILL a run in the middle of a save.
 """
 
 from __future__ import annotations
@@ -28,10 +26,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from rlvr.training.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,8 @@ TENSOR_STATE = "trainer_state.pt"
 PLAIN_STATE = "trainer_state.json"
 CONFIG_FILE = "config.yaml"
 TMP_PREFIX = ".tmp-"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the objective's modules under "objective", policy_version
 _NAME = re.compile(r"^step_(\d+)$")
-SLOW_SAVE_ENV = "RLVR_TEST_SLOW_SAVE"
 
 
 class CheckpointError(RuntimeError):
@@ -142,12 +142,6 @@ def _fsync_tree(root: Path) -> dict[str, int]:
     return sizes
 
 
-def _test_pause() -> None:
-    seconds = os.environ.get(SLOW_SAVE_ENV)
-    if seconds:
-        time.sleep(float(seconds))
-
-
 def write_checkpoint(
     run_dir: Path,
     step: int,
@@ -175,7 +169,6 @@ def write_checkpoint(
         model.save_pretrained(tmp / MODEL_DIR)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / MODEL_DIR)
-        _test_pause()
         with open(tmp / TENSOR_STATE, "wb") as f:  # a Python file keeps the OSError (ENOSPC...)
             torch.save(tensors, f)
         (tmp / PLAIN_STATE).write_text(json.dumps(plain))
@@ -274,24 +267,24 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def capture_state(trainer, extra: dict | None = None) -> tuple[dict, dict]:
+def capture_state(state: TrainState, extra: dict | None = None) -> tuple[dict, dict]:
     """Everything but the model weights that a run needs to continue exactly: (tensors, plain).
 
     ``extra`` holds other components' state (e.g. the in-training evaluator's early-stopping
     history); it must be JSON-serialisable.
     """
-    ctx = trainer.ctx
     rng_plain, rng_tensors = rng_state()
     tensors = {
-        "optimizer": ctx.optimizer.state_dict(),
-        "scheduler": ctx.scheduler.state_dict(),
-        "value_head": ctx.value_head.state_dict() if ctx.value_head is not None else None,
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "objective": state.objective.state_dict(),
         "rng": rng_tensors,
     }
     plain = {
-        "step": trainer.step,
-        "sampler": trainer.sampler.state_dict(),
-        "kl_coef": trainer.kl_ctl.value,
+        "step": state.step,
+        "policy_version": state.policy_version,
+        "sampler": state.sampler.state_dict(),
+        "kl_coef": state.kl_ctl.value,
         "rng": rng_plain,
         "extra": extra or {},
     }
@@ -303,20 +296,27 @@ def capture_state(trainer, extra: dict | None = None) -> tuple[dict, dict]:
 
 
 def save_checkpoint(
-    trainer, *, extra: dict | None = None, keep: int = 2, protect: Iterable[int] = ()
+    state: TrainState,
+    run_dir: Path,
+    *,
+    tokenizer: Any,
+    config_yaml: str,
+    extra: dict | None = None,
+    keep: int = 2,
+    protect: Iterable[int] = (),
 ) -> Path:
-    """Checkpoint ``trainer`` at its current step, then rotate old checkpoints away."""
-    tensors, plain = capture_state(trainer, extra)
+    """Checkpoint ``state`` at its current step, then rotate old checkpoints away."""
+    tensors, plain = capture_state(state, extra)
     path = write_checkpoint(
-        trainer.ctx.run_dir,
-        trainer.step,
-        model=trainer.model,
-        tokenizer=trainer.tokenizer,
+        run_dir,
+        state.step,
+        model=state.model,
+        tokenizer=tokenizer,
         tensors=tensors,
         plain=plain,
-        config_yaml=trainer.cfg.to_yaml(),
+        config_yaml=config_yaml,
     )
-    rotate_checkpoints(trainer.ctx.run_dir, keep, protect)
+    rotate_checkpoints(run_dir, keep, protect)
     return path
 
 
@@ -348,26 +348,24 @@ def restore_model(model: torch.nn.Module, folder: Path) -> None:
     model.load_state_dict(saved.state_dict())
 
 
-def restore_checkpoint(trainer, path: Path) -> dict:
-    """Put ``trainer`` back in the state it had when the checkpoint at ``path`` was written.
+def restore_checkpoint(state: TrainState, path: Path) -> dict:
+    """Put ``state`` back as it was when the checkpoint at ``path`` was written.
 
-    Restores model (or adapter) weights, optimizer, scheduler, value head, data-sampler position,
-    KL coefficient, step counter and RNG states. Returns the ``extra`` dict saved with it.
+    Restores model (or adapter) weights, optimizer, scheduler, the objective's own modules (PPO's
+    critic), data-sampler position, KL coefficient, step counter, policy version and RNG states.
+    Returns the ``extra`` dict saved with it.
     """
     tensors, plain = read_state(path)
-    ctx = trainer.ctx
-    restore_model(trainer.model, Path(path) / MODEL_DIR)
-    ctx.optimizer.load_state_dict(tensors["optimizer"])
-    ctx.scheduler.load_state_dict(tensors["scheduler"])
-    if (tensors["value_head"] is None) != (ctx.value_head is None):
-        raise CheckpointError(
-            f"{path}: the checkpoint {'has no' if tensors['value_head'] is None else 'has a'} "
-            "value head but this run's objective needs the opposite (was algo.objective changed?)"
-        )
-    if ctx.value_head is not None:
-        ctx.value_head.load_state_dict(tensors["value_head"])
-    trainer.sampler.load_state_dict(plain["sampler"])
-    trainer.kl_ctl.value = float(plain["kl_coef"])
-    trainer.step = int(plain["step"])
+    restore_model(state.model, Path(path) / MODEL_DIR)
+    state.optimizer.load_state_dict(tensors["optimizer"])
+    state.scheduler.load_state_dict(tensors["scheduler"])
+    try:
+        state.objective.load_state_dict(tensors["objective"])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    state.sampler.load_state_dict(plain["sampler"])
+    state.kl_ctl.value = float(plain["kl_coef"])
+    state.step = int(plain["step"])
+    state.policy_version = int(plain["policy_version"])
     set_rng_state(plain["rng"], tensors["rng"])
     return plain["extra"]

@@ -1,7 +1,7 @@
 """Load the policy (hub id, local folder, GGUF file or the embedded default) and compute log-probs.
 
-The log-prob functions refuse inputs whose shapes disagree: seed 001 lost weeks to log-probs
-silently computed on tokens shifted by one position, so every gather here checks its shapes.
+The log-prob functions refuse inputs whose shapes disagree: log-probs silently computed
+on tokens shifted by one position cost weeks and show up only as odd metrics, so every gather here checks its shapes.
 """
 
 from __future__ import annotations
@@ -172,10 +172,16 @@ def load_model_and_tokenizer(
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as exc:
         raise ModelLoadError(f"model.name_or_path: could not load {name_or_path!r}: {exc}") from exc
+    return model.to(device), prepare_tokenizer(tokenizer)
+
+
+def prepare_tokenizer(tokenizer):
+    """The one place a tokenizer is made ready for batched generation: EOS pads when there is
+    no pad token, and padding goes on the left (prompts end where the reply starts)."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    return model.to(device), tokenizer
+    return tokenizer
 
 
 # Longest reply for which 'auto' picks eager attention on the CPU (see ModelConfig.attention).
@@ -208,35 +214,33 @@ def model_context_length(model_path: str) -> int | None:
 # ----------------------------------------------------------------------------- log-probs
 
 
-def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each label under the logits.
+def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits of the sampling distribution (no copy of the [B, T, V] tensor at temperature 1)."""
+    return logits if temperature == 1.0 else logits / temperature
 
-    logits: ``[B, T, V]``; labels: ``[B, T]`` (already aligned: ``logits[:, t]`` predicts ``labels[:, t]``).
-    Returns ``[B, T]`` float32. Raises ``ValueError`` when the non-vocabulary shapes differ, which is
-    exactly the off-by-one misalignment seed 001 trained on for weeks.
+
+def logprobs_and_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    chunk: int = 4,
+    entropy: bool = True,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs and entropies, computed a few rows at a time.
+
+    logits ``[B, T, V]`` (any float dtype), labels ``[B, T]`` (aligned: ``logits[:, t]``
+    predicts ``labels[:, t]``). Returns two ``[B, T]`` float32 tensors (the entropies are None
+    with ``entropy=False``, which skips a full softmax). The log-probs carry the logits'
+    gradient; the entropies only with ``entropy_grad`` (an entropy bonus in the loss).
+    Working on ``chunk`` rows at a time keeps only a small float32 copy of the logits alive.
+    Mismatched shapes raise ``ValueError``: an off-by-one between logits and labels trains on
+    the wrong tokens silently.
     """
     if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
         raise ValueError(
             f"log-prob shape mismatch: logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}; "
             "logits[:, t] must predict labels[:, t] (did a shift by one get lost?)"
-        )
-    logits = logits.float()
-    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
-def logprobs_and_entropy(
-    logits: torch.Tensor, labels: torch.Tensor, *, chunk: int = 4, entropy: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs and entropies, computed a few rows at a time.
-
-    logits ``[B, T, V]`` (any float dtype), labels ``[B, T]``. Returns two ``[B, T]`` float32 tensors
-    (the entropies are None with ``entropy=False``, which skips a full softmax).
-    Working on ``chunk`` rows at a time keeps only a small float32 copy of the logits alive.
-    """
-    if logits.dim() != 3 or labels.dim() != 2 or logits.shape[:2] != labels.shape:
-        raise ValueError(
-            f"log-prob shape mismatch: logits {tuple(logits.shape)} vs labels {tuple(labels.shape)}"
         )
     logps, ents = [], []
     for start in range(0, logits.shape[0], chunk):
@@ -245,7 +249,7 @@ def logprobs_and_entropy(
         picked = torch.gather(part, -1, labels[start : start + chunk].unsqueeze(-1)).squeeze(-1)
         logps.append(picked - lse)
         if entropy:
-            with torch.no_grad():
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
                 probs = F.softmax(part, dim=-1)
                 ents.append(lse - (probs * part).sum(-1))
     return torch.cat(logps), (torch.cat(ents) if entropy else None)
@@ -322,6 +326,6 @@ def sequence_logprobs(
     Logits are divided by the sampling temperature so the policy in the ratio is the one that sampled.
     """
     logits = completion_logits(model, batch)
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
+    if temperature > 0:
+        logits = scaled_logits(logits, temperature)
     return logprobs_and_entropy(logits, batch.completion_ids)

@@ -23,16 +23,17 @@ from rlvr.telemetry.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.telemetry.samples import list_sample_steps, samples_path, write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
+from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.training.distributed import barrier, full_state_dict
 from rlvr.training.policy import save_model_folder
+from rlvr.training.step import sync_engine
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
     """``status.json`` says whether a run finished; a crashed run never looks finished."""
-    tmp = run_dir / "status.json.tmp"
-    tmp.write_text(json.dumps({"state": state, "time": time.time(), **extra}, indent=1))
-    tmp.replace(run_dir / "status.json")
+    payload = {"state": state, "time": time.time(), **extra}
+    atomic_write_text(run_dir / "status.json", json.dumps(payload, indent=1))
 
 
 def save_final(trainer) -> Path:
@@ -84,13 +85,15 @@ def rewind_run_files(run_dir: Path, step: int) -> None:
 
 
 def _resume(trainer) -> dict:
-    """Restore the checkpoint the run context points at (if any) and rewind the run's files.
-
-    Returns the checkpoint's ``extra`` dict ({} for a fresh run)."""
-    ctx = trainer.ctx
+    """Restore the checkpoint the run context points at (if any), give the engine the restored
+    weights, and rewind the run's files. Returns the checkpoint's ``extra`` dict ({} if fresh)."""
+    ctx, state = trainer.ctx, trainer.state
     if ctx.resume_from is not None:
-        extra = restore_checkpoint(trainer, ctx.resume_from)
-        rewind_run_files(ctx.run_dir, trainer.step)
+        extra = restore_checkpoint(state, ctx.resume_from)
+        # The engine was built from the base weights: the first resumed step must not sample
+        # from them.
+        sync_engine(ctx.engine, state, ctx.named_weights)
+        rewind_run_files(ctx.run_dir, state.step)
         trainer.history = [m for m in read_metrics(ctx.run_dir) if m["step"] > 0]
         return extra
     if (ctx.run_dir / "metrics.jsonl").exists():  # train.resume=auto without a checkpoint
@@ -99,28 +102,29 @@ def _resume(trainer) -> dict:
 
 
 def _save(trainer, evaluator) -> Path | None:
-    """Checkpoint the trainer with the evaluator's state; keep the best-by-eval checkpoint too.
+    """Checkpoint the train state with the evaluator's state; keep the best-by-eval checkpoint too.
 
     Several processes (DDP: every rank holds the same weights): rank 0 writes, the others wait.
     """
     if trainer.dist.enabled and not trainer.dist.is_main:
         barrier(trainer.dist)
         return None
-    state_dict = getattr(evaluator, "state_dict", None)
-    extra = {"evaluator": state_dict()} if callable(state_dict) else {}
-    best = getattr(evaluator, "best_step", None)
+    best = evaluator.best_step
     path = save_checkpoint(
-        trainer,
-        extra=extra,
+        trainer.state,
+        trainer.ctx.run_dir,
+        tokenizer=trainer.tokenizer,
+        config_yaml=trainer.cfg.to_yaml(),
+        extra={"evaluator": evaluator.state_dict()},
         keep=trainer.cfg.train.max_checkpoints,
-        protect=[best] if isinstance(best, int) else [],
+        protect=[best] if best is not None else [],
     )
     barrier(trainer.dist)
     return path
 
 
 def run_training(trainer) -> dict:
-    cfg, ctx = trainer.cfg, trainer.ctx
+    cfg, ctx, state = trainer.cfg, trainer.ctx, trainer.state
     run_dir = ctx.run_dir
     try:
         extra = _resume(trainer)
@@ -157,12 +161,21 @@ def run_training(trainer) -> dict:
     }
     t_run = time.perf_counter()
     try:
-        evaluator = InTrainingEvaluator(trainer)
-        load_state = getattr(evaluator, "load_state_dict", None)
-        if callable(load_state) and "evaluator" in extra:
-            load_state(extra["evaluator"])
-        if trainer.step == 0:
-            before = evaluator.before()
+        evaluator = InTrainingEvaluator(
+            cfg,
+            run_dir=run_dir,
+            engine=ctx.engine,
+            tokenizer=ctx.tokenizer,
+            rewards=ctx.rewards,
+            model=ctx.model,
+            heldout_rows=ctx.eval_rows,
+            train_rows=ctx.train_rows,
+            sync=lambda: sync_engine(ctx.engine, state, ctx.named_weights),
+        )
+        if "evaluator" in extra:
+            evaluator.load_state_dict(extra["evaluator"])
+        if state.step == 0:
+            before = evaluator.before(state.step)
         else:  # resumed: the eval before training is already in metrics.jsonl
             first = read_metrics(run_dir)[:1]
             before = {}
@@ -174,7 +187,7 @@ def run_training(trainer) -> dict:
             if main:
                 print(f"[rlvr] before training: {_fmt_eval(summary['before'])}", flush=True)
         bar = tqdm(
-            range(trainer.step, cfg.train.max_steps),
+            range(state.step, cfg.train.max_steps),
             desc="train",
             unit="step",
             disable=not (cfg.logging.progress and main),
@@ -182,18 +195,20 @@ def run_training(trainer) -> dict:
         )
         for _ in bar:
             metrics = trainer.train_step()
-            trainer.step += 1
-            step = trainer.step
+            state.step += 1  # the one place the step counter moves
+            step = state.step
             metrics = {"step": step, **metrics}
             last = step == cfg.train.max_steps
             scores = evaluator.at_step(step, last)
             metrics.update(scores)
             if last and scores and "before" in summary:
                 summary["after"] = {k: v for k, v in scores.items() if k.startswith("eval/")}
-            prompts, rows, groups, rewards = trainer._last_batch
-            spikes.maybe_record(step, metrics.get("grad_norm_max", 0.0), metrics, prompts)
+            batch = trainer.last_batch
+            spikes.maybe_record(
+                step, metrics.get("grad_norm_max", 0.0), metrics, batch.prompt_texts
+            )
             if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
-                write_samples(run_dir, step, _sample_records(prompts, rows, groups, rewards))
+                write_samples(run_dir, step, _sample_records(batch))
             logger.log(metrics)
             trainer.history.append(metrics)
             bar.set_postfix(_postfix(metrics), refresh=False)
@@ -209,16 +224,17 @@ def run_training(trainer) -> dict:
             if every and (step % every == 0 or last or evaluator.stop_reason):
                 _save(trainer, evaluator)
             if evaluator.stop_reason:
-                (run_dir / "early_stop.json").write_text(
-                    json.dumps({"step": step, "reason": evaluator.stop_reason})
+                atomic_write_text(
+                    run_dir / "early_stop.json",
+                    json.dumps({"step": step, "reason": evaluator.stop_reason}),
                 )
                 tqdm.write(f"[rlvr] early stop at step {step}: {evaluator.stop_reason}")
                 summary["early_stop"] = evaluator.stop_reason
                 break
         summary["final_model"] = str(save_final(trainer))
         summary["wall_time_s"] = time.perf_counter() - t_run
-        summary["steps"] = trainer.step
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        summary["steps"] = state.step
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
         write_status(run_dir, "finished")
         if main:
             _print_summary(summary)
@@ -228,16 +244,16 @@ def run_training(trainer) -> dict:
         raise
     except KeyboardInterrupt:
         note = _interrupt_note(trainer)
-        write_status(run_dir, "interrupted", step=trainer.step, checkpoint=note)
+        write_status(run_dir, "interrupted", step=state.step, checkpoint=note)
         if trainer.dist.is_main:
             print(
-                f"\n[rlvr] interrupted after step {trainer.step}: {note}",
+                f"\n[rlvr] interrupted after step {state.step}: {note}",
                 file=sys.stderr,
                 flush=True,
             )
         raise
     except BaseException as exc:
-        write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", step=trainer.step)
+        write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", step=state.step)
         raise
     finally:
         logger.close()
@@ -261,9 +277,9 @@ def _interrupt_note(trainer) -> str:
     )
 
 
-def _sample_records(prompts, rows, groups, rewards) -> list[dict]:
-    out, k = [], 0
-    for prompt, row, grp in zip(prompts, rows, groups, strict=True):
+def _sample_records(batch: RolloutBatch) -> list[dict]:
+    out, k, rewards = [], 0, batch.rewards
+    for prompt, row, grp in zip(batch.prompt_texts, batch.rows, batch.groups, strict=True):
         for c in grp:
             out.append(
                 {

@@ -12,6 +12,7 @@ import torch
 
 from rlvr.config import Config, ConfigError
 from rlvr.data.tasks import DEFAULT_REWARD, task_rows
+from rlvr.objectives import Objective, build_objective
 from rlvr.rewards.runner import RewardRunner, RewardSpec
 from rlvr.telemetry.jsonio import atomic_write_text
 from rlvr.training.distributed import (
@@ -27,6 +28,7 @@ from rlvr.training.policy import (
     choose_attention,
     load_model_and_tokenizer,
     model_context_length,
+    prepare_tokenizer,
     resolve_model_path,
 )
 from rlvr.training.schedule import build_scheduler, preflight_check
@@ -46,8 +48,7 @@ class RunContext:
     eval_rows: list[dict]
     optimizer: torch.optim.Optimizer
     scheduler: object
-    value_head: torch.nn.Module | None = None
-    notes: list[str] = field(default_factory=list)
+    objective: Objective
     dist: DistInfo = field(default_factory=DistInfo)
     # The module the update's forward goes through: a DDP wrapper, the FSDP2-sharded model, or
     # `model` itself in one process. `model` is always the plain module (generate, save, adapters).
@@ -58,25 +59,6 @@ class RunContext:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Weights to push into the rollout engine (LoRA merged on the fly by the engine sync)."""
         yield from self.model.state_dict().items()
-
-    def extra_params(self) -> Iterator[torch.nn.Parameter]:
-        if self.value_head is not None:
-            yield from self.value_head.parameters()
-
-    def value_forward(self, sb) -> dict:
-        """PPO: policy logits and the critic's value of each completion position ``[B, Tc]``."""
-        tc = sb.completion_len
-        out = self.model(
-            input_ids=sb.input_ids,
-            attention_mask=sb.attention_mask,
-            position_ids=sb.position_ids,
-            logits_to_keep=tc + 1,
-            use_cache=False,
-            output_hidden_states=True,
-        )
-        hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :]
-        values = self.value_head(hidden.float()).squeeze(-1)
-        return {"logits": out.logits[:, :-1, :], "values": values}
 
 
 def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
@@ -104,9 +86,10 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
         out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
-    if cfg.algo.objective == "ppo":
+    if build_objective(cfg).needs().values:
         out.append(
-            "algo.objective=ppo runs in one process only for now (the value head is not sharded)"
+            f"algo.objective={cfg.algo.objective} runs in one process only for now (its value "
+            "head is not sharded)"
         )
     if cfg.rollout.engine == "vllm":
         out.append(
@@ -315,9 +298,7 @@ def setup_run(
         )
     else:
         model = model.to(device)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
+        prepare_tokenizer(tokenizer)
     use_training_attention(model, cfg, str(device))
     autocast = resolve_autocast(cfg, device)
     check_prompt_lengths(cfg, tokenizer, train_rows, "train")
@@ -329,19 +310,14 @@ def setup_run(
         from rlvr.training.lora import apply_lora
 
         model = apply_lora(model, cfg.model.lora)
+    objective = build_objective(cfg, tokenizer)
     ref_model = None
-    if cfg.algo.beta > 0 and not cfg.model.lora.enabled:  # LoRA: the base with adapters off
+    if objective.needs().reference and not cfg.model.lora.enabled:
+        # LoRA: the reference is the base model with the adapters disabled
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     train_model = wrap_model(model, info, cfg.train.parallel)  # before the optimizer sees params
-    value_head = None
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": params, "lr": cfg.train.lr}]
-    if cfg.algo.objective == "ppo":
-        hidden = model.config.hidden_size
-        value_head = torch.nn.Linear(hidden, 1).to(device)
-        torch.nn.init.zeros_(value_head.weight)
-        torch.nn.init.zeros_(value_head.bias)
-        groups.append({"params": list(value_head.parameters()), "lr": cfg.algo.ppo.value_lr})
+    groups = [{"params": params, "lr": cfg.train.lr}, *objective.attach(model, device)]
     optimizer = torch.optim.AdamW(
         groups,
         lr=cfg.train.lr,
@@ -386,7 +362,7 @@ def setup_run(
         eval_rows=eval_rows,
         optimizer=optimizer,
         scheduler=scheduler,
-        value_head=value_head,
+        objective=objective,
         resume_from=plan.checkpoint if plan is not None else None,
         dist=info,
         train_model=train_model,
@@ -405,7 +381,7 @@ def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool 
     if engine == "auto":
         # several processes: one vLLM engine per node is not built yet, so auto means hf there
         multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        use_vllm = vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" and not multi
+        use_vllm = vllm_available() and not multi
         engine = "vllm" if use_vllm else "hf"
     if engine == "vllm":
         from rlvr.rollout.vllm import VLLMEngine

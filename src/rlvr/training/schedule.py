@@ -1,6 +1,6 @@
 """Learning-rate schedules and the pre-flight check that they reach a useful LR in time.
 
-Seed 002 lost runs to a warmup longer than the run itself: the LR never got near its target and
+A warmup longer than the run itself loses the run silently: the LR never got near its target and
 the model barely moved. :func:`preflight_check` evaluates the very function the trainer's
 scheduler uses (:func:`lr_factor`, wrapped by :func:`build_scheduler`) and fails before any
 compute is spent when the LR is still low by ``check_step``.
@@ -231,8 +231,8 @@ def steps_per_run(
 ) -> int:
     """Number of training steps: ``num_prompts // prompts_per_step * epochs``, capped at max_steps.
 
-    ``drop_last=False`` counts a final partial batch per epoch (ceil instead of floor). Seed 002
-    computes total steps the same way (``pool * n_samples // train_batch * episodes``).
+    ``drop_last=False`` counts a final partial batch per epoch (ceil instead of floor), as
+    trainers that count episodes do (``pool * n_samples // train_batch * episodes``).
     """
     _check_int("num_prompts", num_prompts, 1)
     _check_int("prompts_per_step", prompts_per_step, 1)

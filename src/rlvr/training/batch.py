@@ -1,0 +1,116 @@
+"""One rollout batch as the step's phases fill it, and the micro-batch views the update cuts from it.
+
+Sequences are in group-major order: sequence ``i`` is sample ``i % G`` of prompt ``i // G``.
+Everything an objective prepares is stored per sequence (``seq`` for one value per sequence,
+``tok`` for one tensor per sequence over its tokens) and a micro-batch gathers exactly its own
+rows by index, so no objective can apply one group's values to another group's sequences
+whatever order the shuffled minibatches put them in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.rewards.runner import BatchRewards
+from rlvr.rollout.base import Completion
+
+
+@dataclass
+class RolloutBatch:
+    """What one step generated and everything computed from it before the update."""
+
+    rows: list[dict]  # this rank's prompt rows
+    prompt_texts: list[str]  # per prompt
+    prompt_ids: list[list[int]]  # per prompt
+    groups: list[list[Completion]]  # groups[p][j]: prompt p's j-th sample
+    group_size: int
+    rewards: BatchRewards | None = None
+    scores: torch.Tensor | None = None  # [P, G], invalid entries 0 (after any KL reward penalty)
+    valid: torch.Tensor | None = None  # [P, G] bool
+    # log-prob phase: one [len_i] tensor per sequence (None when the objective did not need it)
+    old_logp: list[torch.Tensor] | None = None
+    ref_logp: list[torch.Tensor] | None = None
+    values: list[torch.Tensor] | None = None
+    # prepare phase: the advantage the loss uses ([N] per sequence, or one [len_i] per sequence)
+    advantages: torch.Tensor | list[torch.Tensor] | None = None
+    seq: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-sequence fields [N, ...]
+    tok: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # other per-token fields
+
+    @property
+    def completions(self) -> list[Completion]:
+        return [c for grp in self.groups for c in grp]
+
+    @property
+    def seq_prompt_ids(self) -> list[list[int]]:
+        return [p for p in self.prompt_ids for _ in range(self.group_size)]
+
+    @property
+    def seq_prompt_texts(self) -> list[str]:
+        return [p for p in self.prompt_texts for _ in range(self.group_size)]
+
+    @property
+    def comp_ids(self) -> list[list[int]]:
+        return [c.token_ids for c in self.completions]
+
+    @property
+    def size(self) -> int:
+        return len(self.prompt_ids) * self.group_size
+
+    def token_mask(self) -> torch.Tensor:
+        """``[N, T]`` 1 on every completion token (T the longest completion, at least 1)."""
+        ids = self.comp_ids
+        return pad_rows([torch.ones(len(c)) for c in ids], max(1, max(map(len, ids))))
+
+
+@dataclass
+class MinibatchCounts:
+    """Denominators of a whole minibatch across every rank (valid rows only)."""
+
+    sequences: int
+    tokens: int
+    active_groups: int = 0
+
+    def for_mode(self, mode: str) -> int:
+        return max(1, self.tokens if mode == "token_mean" else self.sequences)
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward pass: rows ``indices`` of the batch. Token tensors are ``[B, T]``."""
+
+    indices: list[int]
+    logp: torch.Tensor  # with grad
+    old_logp: torch.Tensor
+    mask: torch.Tensor  # completion tokens of valid sequences
+    advantages: torch.Tensor  # [B] or [B, T]
+    entropy: torch.Tensor  # with grad when algo.entropy_coef != 0
+    kl_coef: float = 0.0
+    ref_logp: torch.Tensor | None = None
+    values: torch.Tensor | None = None  # the critic's forward, with grad (PPO)
+    seq: dict[str, torch.Tensor] = field(default_factory=dict)
+    tok: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def gather_micro_batch(
+    batch: RolloutBatch, indices: list[int], width: int
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The advantages and prepared fields of rows ``indices``, token fields padded to ``width``."""
+    adv = batch.advantages
+    if isinstance(adv, torch.Tensor):
+        advantages = adv[indices]
+    else:
+        advantages = pad_rows([adv[i] for i in indices], width)
+    seq = {k: v[indices] for k, v in batch.seq.items()}
+    tok = {k: pad_rows([v[i] for i in indices], width) for k, v in batch.tok.items()}
+    return advantages, seq, tok
+
+
+def pad_rows(rows: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """Stack 1-D float rows of different lengths into ``[len(rows), width]``, zero-padded."""
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        if r is not None and len(r):
+            out[i, : len(r)] = r[:width].float()
+    return out

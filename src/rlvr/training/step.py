@@ -1,0 +1,299 @@
+"""One training step as named, timed phases over one `RolloutBatch`:
+
+    generate -> score -> logprobs -> prepare -> update -> sync
+
+``Step`` holds no counters: it reads the step number and policy version from the `TrainState`
+the run loop owns, and never branches on the objective (the objective's methods do the work).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+
+from rlvr.algorithms import kl_estimate
+from rlvr.config import Config
+from rlvr.data.templates import render_rows
+from rlvr.objectives import Objective
+from rlvr.rewards.runner import BatchRewards, RewardRunner
+from rlvr.rollout.base import SamplingParams
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.distributed import DistInfo, all_gather_objects
+from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
+from rlvr.training.state import TrainState
+from rlvr.training.step_metrics import rollout_metrics
+from rlvr.training.update import UpdateEnv, engine_diffs, update
+
+
+def sync_engine(
+    engine, state: TrainState, weights: Callable[[], Iterator], *, every: int = 1
+) -> dict | None:
+    """Give ``engine`` the state's weights when it holds an older policy version.
+
+    ``every`` > 1 lets generation run on weights up to ``every - 1`` updates old
+    (``rollout.sync_every``); evaluation and restore call it with 1. Returns the engine's sync
+    statistics, or None when nothing was pushed.
+    """
+    lag = state.policy_version - engine.policy_version
+    if lag == 0 or (0 < lag < every):
+        return None
+    engine.load_weights(weights())
+    engine.policy_version = state.policy_version
+    stats = getattr(engine, "last_sync_stats", None)  # the vLLM engine's SyncStats
+    return dataclasses.asdict(stats) if stats is not None else {}
+
+
+class Step:
+    """The phases of one step; ``run()`` returns (metrics, batch)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        state: TrainState,
+        objective: Objective,
+        engine,
+        rewards: RewardRunner,
+        tokenizer,
+        train_rows: list[dict],
+        train_model: torch.nn.Module,
+        ref_logp_fn: Callable[[object, float], torch.Tensor] | None,
+        named_weights: Callable[[], Iterator],
+        dist: DistInfo,
+        autocast: bool,
+        device: torch.device,
+    ) -> None:
+        self.cfg, self.state, self.objective = cfg, state, objective
+        self.engine, self.rewards, self.tokenizer = engine, rewards, tokenizer
+        self.train_rows, self.dist = train_rows, dist
+        self.ref_logp_fn, self.named_weights = ref_logp_fn, named_weights
+        self._autocast_on, self._device = autocast, device
+        self.env = UpdateEnv(
+            cfg=cfg,
+            objective=objective,
+            train_model=train_model,
+            dist=dist,
+            pad_id=tokenizer.pad_token_id,
+            autocast=self.autocast,
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if not self._autocast_on:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self._device.type, dtype=torch.bfloat16)
+
+    # ------------------------------------------------------------------ the step
+    def run(self) -> tuple[dict, RolloutBatch]:
+        times: dict[str, float] = {}
+        t_step = time.perf_counter()
+
+        def timed(name: str, fn, *args):
+            t = time.perf_counter()
+            out = fn(*args)
+            times[name] = times.get(name, 0.0) + time.perf_counter() - t
+            return out
+
+        kl_coef = self.state.kl_ctl.value  # the coefficient this step's loss uses
+        batch = timed("time_rollout", self.generate)
+        metrics = timed("time_reward", self.score, batch)
+        if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
+            self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
+        lr = self.state.scheduler.get_last_lr()[0]
+        diffs = timed("time_logprobs", self.logprobs, batch, times)
+        metrics.update(timed("time_prepare", self.prepare, batch))
+        update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.env)
+        metrics.update(update_metrics)
+        metrics.update(self._trust_stats(diffs + more_diffs))
+        sync = timed("time_sync", self.sync)
+        if sync:
+            metrics.update({f"sync_{k}": float(v) for k, v in sync.items()})
+        times.setdefault("time_reference", 0.0)  # 0 without a reference model
+        times["time_logprobs"] -= times["time_reference"]
+        metrics.update(times)
+        metrics["time_step"] = time.perf_counter() - t_step
+        gen_tokens = sum(len(c) for c in batch.comp_ids) * self.dist.world_size
+        metrics["gen_tokens_per_s"] = gen_tokens / max(times["time_rollout"], 1e-9)
+        metrics["train_tokens_per_s"] = (
+            gen_tokens * self.cfg.algo.epochs_per_batch / max(times["time_update"], 1e-9)
+        )
+        metrics["lr"] = lr
+        metrics["epoch"] = self.state.sampler.epoch
+        metrics["policy_version"] = float(self.state.policy_version)
+        if self.cfg.algo.beta > 0:
+            metrics["kl_coef"] = kl_coef
+        return metrics, batch
+
+    def seed(self) -> int:
+        """Seed every RNG from (train.seed, step): a resumed step draws what it drew before."""
+        seed = self.cfg.train.seed * 1_000_003 + self.state.step
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        return seed
+
+    def generate(self) -> RolloutBatch:
+        cfg, g = self.cfg, self.cfg.algo.group_size
+        seed = self.seed()
+        # Every rank draws the same global prompts and keeps its own slice of whole prompts.
+        global_idx = self.state.sampler.next_indices()
+        per = len(global_idx) // self.dist.world_size
+        lo = self.dist.rank * per
+        rows = [self.train_rows[i] for i in global_idx[lo : lo + per]]
+        d = cfg.data  # every row's prompt length was checked before the first step
+        texts, ids = render_rows(rows, d.template, self.tokenizer, d.system_prompt)
+        sync_engine(self.engine, self.state, self.named_weights, every=cfg.rollout.sync_every)
+        r = cfg.rollout
+        params = SamplingParams(
+            n=g,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_new_tokens=r.max_new_tokens,
+            stop=tuple(r.stop),
+            seed=seed + 7919 * self.dist.rank,
+            prompt_seeds=tuple(seed * 4099 + lo + j for j in range(len(rows)))
+            if r.seed_per_prompt
+            else None,
+        )
+        groups = self.engine.generate(ids, params)
+        return RolloutBatch(rows, texts, ids, groups, g)
+
+    def score(self, batch: RolloutBatch) -> dict:
+        comps, g = batch.completions, batch.group_size
+        flat_rows = [r for r in batch.rows for _ in range(g)]
+        rewards = self.rewards.score_batch(
+            batch.seq_prompt_texts,
+            [c.text for c in comps],
+            [r["answer"] for r in flat_rows],
+            flat_rows,
+            [c.truncated for c in comps],
+        )
+        scores = torch.tensor(rewards.scores, dtype=torch.float32).view(-1, g)
+        valid = torch.tensor(rewards.valid, dtype=torch.bool).view(-1, g)
+        batch.rewards = rewards
+        batch.valid = valid
+        batch.scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
+        return self._global_rollout_metrics(batch)
+
+    def logprobs(self, batch: RolloutBatch, times: dict) -> list[torch.Tensor]:
+        """No-grad passes the objective needs: old log-probs (and the engine trust check from
+        them), reference log-probs, critic values. With one update per batch and no reference
+        the update's own forward gives the trainer log-probs: no extra pass."""
+        needs = self.objective.needs()
+        if not (needs.old_logp or needs.reference or needs.values):
+            return []
+        n = batch.size
+        prompt_ids, comp_ids = batch.seq_prompt_ids, batch.comp_ids
+        temperature = self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
+        old: list = [None] * n
+        ref: list = [None] * n
+        values: list = [None] * n
+        diffs: list[torch.Tensor] = []
+        pad = self.tokenizer.pad_token_id
+        with torch.no_grad():
+            for idx in self.objective.micro_batches(list(range(n)), batch):
+                sb = build_sequence_batch(
+                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
+                )
+                with self.autocast():
+                    out = self.objective.forward(self.state.model, sb)
+                lp, _ = logprobs_and_entropy(
+                    scaled_logits(out["logits"], temperature), sb.completion_ids, entropy=False
+                )
+                diffs += engine_diffs(lp, idx, comp_ids, batch.completions)
+                t = time.perf_counter()
+                ref_lp = self.ref_logp_fn(sb, temperature) if needs.reference else None
+                times["time_reference"] = times.get("time_reference", 0.0) + (
+                    time.perf_counter() - t
+                )
+                for row, i in enumerate(idx):
+                    length = len(comp_ids[i])
+                    old[i] = lp[row, :length]
+                    if ref_lp is not None:
+                        ref[i] = ref_lp[row, :length]
+                    if "values" in out:
+                        values[i] = out["values"][row, :length].float()
+        batch.old_logp = old
+        batch.ref_logp = ref if needs.reference else None
+        batch.values = values if needs.values else None
+        return diffs
+
+    def prepare(self, batch: RolloutBatch) -> dict:
+        """KL as a reward penalty (``algo.kl_mode=reward``), then the objective's preparation,
+        then statistics of the advantages the loss really uses."""
+        a = self.cfg.algo
+        if a.kl_mode == "reward" and batch.ref_logp is not None and self.state.kl_ctl.value > 0:
+            batch.scores = batch.scores - self.state.kl_ctl.value * kl_penalty(
+                batch, a.kl_estimator
+            )
+        stats = self.objective.prepare(batch)
+        return {**advantage_stats(batch), **stats}
+
+    def sync(self) -> dict | None:
+        return sync_engine(
+            self.engine, self.state, self.named_weights, every=self.cfg.rollout.sync_every
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def _global_rollout_metrics(self, batch: RolloutBatch) -> dict:
+        """Rollout metrics over every rank's completions (each rank holds a slice)."""
+        scores, valid, comps, rewards = batch.scores, batch.valid, batch.completions, batch.rewards
+        if self.dist.enabled:
+            parts = all_gather_objects((scores, valid, comps, rewards), self.dist)
+            scores = torch.cat([p[0] for p in parts])
+            valid = torch.cat([p[1] for p in parts])
+            comps = [c for p in parts for c in p[2]]
+            rewards = BatchRewards(
+                scores=[x for p in parts for x in p[3].scores],
+                infos=[x for p in parts for x in p[3].infos],
+                valid=[x for p in parts for x in p[3].valid],
+                failures=[x for p in parts for x in p[3].failures],
+            )
+        return rollout_metrics(scores, valid, comps, rewards, self.cfg.rollout.max_new_tokens)
+
+    def _trust_stats(self, diffs: list[torch.Tensor]) -> dict[str, float]:
+        """Engine vs trainer log-probs of the sampled tokens: mean/max |difference| and k3."""
+        if self.dist.enabled:
+            parts = all_gather_objects([d.tolist() for d in diffs], self.dist)
+            diffs = [torch.tensor(x) for part in parts for x in part]
+        if not diffs:
+            return {}
+        d = torch.cat(diffs)
+        return {
+            "logprob_diff_mean": float(d.abs().mean()),
+            "logprob_diff_max": float(d.abs().max()),
+            # k3 of the engine against the trainer, E[exp(-d) + d - 1] with d = trainer - engine
+            "logprob_k3": float(kl_estimate(d, torch.zeros_like(d), "k3").mean()),
+        }
+
+
+def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
+    """``[P, G]``: each sequence's summed per-token KL estimate ``kind`` of the sampling policy
+    against the reference (the penalty ``algo.kl_mode=reward`` subtracts, times the coefficient)."""
+    out = torch.zeros(batch.size)
+    for i, (lp, ref) in enumerate(zip(batch.old_logp, batch.ref_logp, strict=True)):
+        if len(lp):
+            out[i] = kl_estimate(lp.float(), ref.float(), kind).sum()
+    return out.view(-1, batch.group_size)
+
+
+def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
+    """adv_mean/std over valid sequences, min/max over all, of the per-sequence advantage (a
+    token advantage counts by its sequence mean)."""
+    adv = batch.advantages
+    if not isinstance(adv, torch.Tensor):
+        adv = torch.stack([a[: max(1, len(a))].mean() if len(a) else a.new_zeros(()) for a in adv])
+    valid = batch.valid.reshape(-1)
+    has = bool(valid.any())
+    return {
+        "adv_mean": float(adv[valid].mean()) if has else 0.0,
+        "adv_std": float(adv[valid].std(unbiased=False)) if has else 0.0,
+        "adv_min": float(adv.min()),
+        "adv_max": float(adv.max()),
+    }

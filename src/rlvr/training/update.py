@@ -1,0 +1,149 @@
+"""The update phase: minibatches of whole prompt groups, micro-batches cut by the objective,
+global denominators, gradient clipping, and no update ever applied from a non-finite loss or
+gradient. Nothing here depends on which objective runs: it only calls the objective's methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlvr.config import Config
+from rlvr.objectives import Objective
+from rlvr.training.batch import (
+    MicroBatch,
+    MinibatchCounts,
+    RolloutBatch,
+    gather_micro_batch,
+    pad_rows,
+)
+from rlvr.training.batching import group_minibatches
+from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
+from rlvr.training.state import TrainState
+from rlvr.training.step_metrics import summarize_update_stats
+
+
+@dataclass
+class UpdateEnv:
+    """What the update needs besides the batch and the state."""
+
+    cfg: Config
+    objective: Objective
+    train_model: torch.nn.Module  # DDP/FSDP2 wrapper, or the model itself in one process
+    dist: DistInfo
+    pad_id: int
+    autocast: Callable[[], contextlib.AbstractContextManager]
+
+
+def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict, list]:
+    """Train on ``batch``; returns (metrics, per-sequence trainer-minus-engine log-prob
+    differences when the update's own forward is the trainer's only log-prob pass)."""
+    cfg, a, objective = env.cfg, env.cfg.algo, env.objective
+    g, n = batch.group_size, batch.size
+    prompt_ids, comp_ids, comps = batch.seq_prompt_ids, batch.comp_ids, batch.completions
+    valid = batch.valid.reshape(-1)
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    use_old = objective.needs().old_logp  # else old == current policy (one pass over the batch)
+    opt = state.optimizer
+    stats: list[dict] = []
+    entropies: list[torch.Tensor] = []
+    grad_norms: list[float] = []
+    diffs: list[torch.Tensor] = []
+    skipped = applied = 0
+    state.model.train()
+    for epoch in range(a.epochs_per_batch):
+        shuffle = None if a.minibatches == 1 else cfg.train.seed * 7919 + state.step * 31 + epoch
+        for mb in group_minibatches(n // g, g, a.minibatches, shuffle_seed=shuffle):
+            mb_valid = [i for i in mb if valid[i]]
+            local = [
+                len(mb_valid),
+                sum(len(comp_ids[i]) for i in mb_valid),
+                objective.active_groups(batch, mb),
+            ]
+            seqs, toks, act = all_reduce_sum(local, env.dist)  # denominators span every rank
+            counts = MinibatchCounts(sequences=int(seqs), tokens=int(toks), active_groups=int(act))
+            opt.zero_grad(set_to_none=True)
+            first = len(stats)  # this minibatch's micro-batch statistics start here
+            for idx in objective.micro_batches(mb, batch):
+                sb = build_sequence_batch(
+                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], env.pad_id
+                )
+                with env.autocast():
+                    out = objective.forward(env.train_model, sb)
+                logp, ent = logprobs_and_entropy(
+                    scaled_logits(out["logits"], temperature),
+                    sb.completion_ids,
+                    entropy_grad=a.entropy_coef != 0,
+                )
+                if batch.old_logp is None and epoch == 0:
+                    diffs += engine_diffs(logp.detach(), idx, comp_ids, comps)
+                mask = sb.completion_mask * valid[idx].float().unsqueeze(1)
+                width = mask.shape[1]
+                old = pad_rows([batch.old_logp[i] for i in idx], width) if use_old else None
+                advantages, seq, tok = gather_micro_batch(batch, idx, width)
+                micro = MicroBatch(
+                    indices=idx,
+                    logp=logp,
+                    old_logp=old if old is not None else logp.detach(),
+                    mask=mask,
+                    advantages=advantages,
+                    entropy=ent,
+                    kl_coef=state.kl_ctl.value,
+                    ref_logp=pad_rows([batch.ref_logp[i] for i in idx], width)
+                    if batch.ref_logp is not None
+                    else None,
+                    values=out.get("values"),
+                    seq=seq,
+                    tok=tok,
+                )
+                loss, st = objective.loss(micro, counts)
+                if torch.isfinite(loss):
+                    # FSDP/DDP average gradients over ranks; scaling by the world size makes
+                    # that average the sum that global denominators expect.
+                    (loss * env.dist.world_size).backward()
+                else:
+                    st["nonfinite_loss"] = 1.0
+                stats.append(st)
+                entropies.append(ent.detach()[mask.bool()])
+            gn = torch.nn.utils.clip_grad_norm_(state.trainable_params(), cfg.train.max_grad_norm)
+            gn = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+            if not math.isfinite(gn) or any(s.get("nonfinite_loss") for s in stats[first:]):
+                skipped += 1  # never apply a non-finite update
+            else:
+                opt.step()
+                applied += 1
+            # free the gradients now rather than through the next rollout (~4 bytes/param)
+            opt.zero_grad(set_to_none=True)
+            grad_norms.append(gn)
+    state.scheduler.step()
+    if applied:
+        state.policy_version += 1
+    if env.dist.enabled:  # pool every rank's micro-batch statistics and entropies
+        gathered = all_gather_objects((stats, [e.tolist() for e in entropies]), env.dist)
+        stats = [st for part, _ in gathered for st in part]
+        entropies = [torch.tensor(e) for _, ents in gathered for e in ents]
+    kl_values = [s["kl"] for s in stats if "kl" in s]
+    if kl_values:
+        # Adaptive KL (Ziegler et al. 2019, arXiv 1909.08593): the horizon counts samples, so
+        # the controller moves by the number of sequences this step trained on, every rank's.
+        state.kl_ctl.update(float(np.mean(kl_values)), n_steps=n * env.dist.world_size)
+    metrics = summarize_update_stats(stats, entropies, grad_norms)
+    metrics["nonfinite_skipped"] = float(skipped > 0)
+    return metrics, diffs
+
+
+def engine_diffs(trainer_logp: torch.Tensor, idx: list[int], comp_ids, comps) -> list[torch.Tensor]:
+    """Per-sequence trainer-minus-engine log-prob differences of the sampled tokens."""
+    out = []
+    for row, i in enumerate(idx):
+        length = len(comp_ids[i])
+        if length:
+            engine = torch.tensor(comps[i].logprobs[:length])
+            out.append(trainer_logp[row, :length].float() - engine)
+    return out
