@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from rlvr.eval.early_stop import EarlyStopper
-from rlvr.eval.evaluator import EvalSet, eval_payload, evaluate_sets, write_eval_file
+from rlvr.eval.engine import evaluate_config_sets, training_eval_engine
+from rlvr.eval.evaluator import EvalSet, eval_payload, write_eval_file
 from rlvr.eval.sets import build_eval_sets
 
 BEST_FILE = "best.json"
@@ -61,17 +62,9 @@ class InTrainingEvaluator:
         """Run every set; write eval/step_<step>.json; return ``eval/<set>/<metric>`` scores."""
         cfg, ctx = self.cfg, self.ctx
         t = time.perf_counter()
-        outcome = evaluate_sets(
-            self.trainer.engine,
-            self.trainer.tokenizer,
-            self.sets,
-            ctx.rewards,
-            template=cfg.data.template,
-            system_prompt=cfg.data.system_prompt,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            stop=tuple(cfg.rollout.stop),
-            seed=cfg.eval.seed,
-        )
+        # eval.dtype, eval.batch_size and the provenance record: rlvr.eval.engine
+        engine = training_eval_engine(self.trainer)
+        outcome = evaluate_config_sets(engine, self.trainer.tokenizer, self.sets, ctx.rewards, cfg)
         write_eval_file(
             Path(ctx.run_dir) / "eval" / f"step_{step:06d}.json",
             eval_payload(outcome, step=step),

@@ -26,11 +26,13 @@ class HFEngine:
         batch_size: int = 64,
         autocast: bool = False,
         synced: bool = False,
+        autocast_dtype: torch.dtype = torch.bfloat16,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.autocast = autocast
+        self.autocast_dtype = autocast_dtype  # eval.dtype when evaluating (rlvr.eval.engine)
         # FSDP: every rank must run the same number of forward passes (HF's synced_gpus).
         self.synced = synced
 
@@ -38,7 +40,7 @@ class HFEngine:
         if not self.autocast:
             return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device, dtype=self.autocast_dtype)
 
     @torch.no_grad()
     def generate(
