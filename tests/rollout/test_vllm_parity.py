@@ -40,8 +40,23 @@ def _next_token_logprobs(model, prefix: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1)
 
 
-def test_hf_and_vllm_greedy_replies_agree_at_float32(trained_engine, tok):
-    engine, model = trained_engine
+@pytest.fixture
+def sharp_engine(holder, tok):
+    """The shared engine holding the tiny model with its weights scaled 5x: at the usual init
+    scale every prompt gets the same repeated letter, scaled up the replies differ by prompt and
+    some end with EOS (the trained copy says "xyz" to almost everything)."""
+    engine = holder.get()
+    model = base_model(tok)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" not in name:
+                param.mul_(5.0)
+    engine.load_weights(model.state_dict().items())
+    return engine, model
+
+
+def test_hf_and_vllm_greedy_replies_agree_at_float32(sharp_engine, tok):
+    engine, model = sharp_engine
     assert engine.dtype == torch.float32
     ids = _ids(tok)
     params = SamplingParams(n=1, temperature=0.0, max_new_tokens=16)
