@@ -185,7 +185,7 @@ class EarlyStopConfig(Section):
         description="Stop when `metric` got worse than the previous eval `patience` times in a row.",
     )
     metric: str | None = Field(None, description="Default: eval.best_metric.")
-    patience: int = Field(2, ge=1, description="Consecutive drops that stop training (seed: 2).")
+    patience: int = Field(2, ge=1, description="Consecutive drops that stop training (default 2).")
     min_delta: float = Field(0.0, ge=0.0, description="A drop must exceed this to count.")
 
 
