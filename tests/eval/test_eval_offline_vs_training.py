@@ -21,6 +21,7 @@ from rlvr.training.trainer import Trainer
 
 SETS = ("heldout", "id_probe", "ood_probe")
 METRICS = ("greedy_pass@1", "sampling_pass@2", "maj@2", "mean_acc@2")
+REPLY_STATS = ("truncated_frac", "mean_reply_tokens")
 
 
 def tiny_overrides(model_dir: Path, out: Path, *extra: str) -> list[str]:
@@ -79,9 +80,13 @@ def probe_run(sharp_model_dir: Path, tmp_path_factory) -> Path:
 def test_probe_sets_are_logged_under_their_names(probe_run: Path) -> None:
     lines = [m for m in read_metrics(probe_run) if any(k.startswith("eval/") for k in m)]
     assert [m["step"] for m in lines] == [0, 1, 2]  # before, then every step
-    expected = {f"eval/{s}/{metric}" for s in SETS for metric in METRICS}
+    stats = [f"{m}/{x}" for m in ("greedy", "sampling") for x in REPLY_STATS]
+    expected = {f"eval/{s}/{metric}" for s in SETS for metric in (*METRICS, *stats)}
     for line in lines:
-        assert {k for k in line if k.startswith("eval/")} == expected
+        assert {k for k in line if k.startswith("eval/")} == expected | {"eval/provenance"}
+        # how it was measured: eval.dtype auto is float32 on the CPU whatever the autocast
+        assert line["eval/provenance"]["dtype"] == "float32"
+        assert line["eval/provenance"]["max_new_tokens"] == 8
     # the file of each eval holds one record per problem: 5 held-out (eval.max_problems),
     # 3 ID (its own max_problems), 4 OOD (the whole file)
     saved = json.loads((probe_run / "eval" / "step_000002.json").read_text())
@@ -137,12 +142,21 @@ def test_offline_eval_of_the_run_matches_the_in_training_eval(
     assert all(c == rule for c, rule in grades)
     assert {c for c, _ in grades} == {True, False}
 
-    # the table names each set and each metric by its mode
-    header = proc.stdout.splitlines()[0]
-    for metric in METRICS:
-        assert f" {metric} " in header
+    # measured the same way: no field of the provenance differs, so no warning
+    assert offline["provenance"] == in_training["provenance"]
+    assert "measured differently" not in proc.stderr
+
+    # one row per set and metric, with the mode, k, temperature and top-p beside the number
+    rows = {
+        cells[0]: cells[1:]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
     for s in SETS:
-        assert any(line.startswith(f"| {s} ") for line in proc.stdout.splitlines())
+        assert rows[f"{s} greedy_pass@1"][1:5] == ["greedy", "1", "0", "1"]
+        for metric in METRICS[1:]:
+            assert rows[f"{s} {metric}"][1:5] == ["sampling", "2", "0.6", "1"]
 
 
 def test_a_checkpoint_evaluates_like_the_eval_at_its_step(

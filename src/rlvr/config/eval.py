@@ -11,9 +11,15 @@
       early_stop: {enabled: true, patience: 2}           # metric defaults to best_metric
 
 Metric names are ``eval/<set>/<metric>`` where the metric carries its mode's name
-(``greedy_pass@1``; ``sampling_pass@k``, ``maj@k``, ``mean_acc@k``), so scores of different
-modes are never mixed up (seed 002, section 7). Names are checked here, when the config loads:
-a typo in ``best_metric`` fails with the list of metrics the config will produce.
+(``greedy_pass@1``; ``sampling_pass@k``, ``maj@k``, ``mean_acc@k``; ``nondet_proxy_pass@k``), so
+scores of different modes are never mixed up (README, "Evaluation"). Names are checked here, when
+the config loads: a typo in ``best_metric`` fails with the list of metrics the config will produce.
+
+``eval.dtype`` is the precision of every evaluation, independent of the training autocast: bf16
+autocast and float32 give different greedy replies for the same weights (46 of 100 identical on
+SmolLM2-135M), so a default that followed the CPU's bf16 support would make the held-out score
+depend on the machine. ``auto`` is float32 on the CPU (bfloat16 on a GPU); the value in force is
+recorded with every result (``rlvr.eval.provenance``).
 """
 
 from __future__ import annotations
@@ -27,8 +33,10 @@ from rlvr.config.base import Section
 
 HELDOUT = "heldout"
 DEFAULT_SAMPLING_K = 8
-# Seed 002's sampling_pass@8 setting.
+# A common published sampling_pass@8 setting (temperature 0.6, top-p 1).
 DEFAULT_SAMPLING_TEMPERATURE = 0.6
+EVAL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+MODE_KINDS = ("greedy", "sampling", "nondet_proxy")
 
 
 def _reject_unknown_keys(data: Any, cls: type[Section], where: str) -> None:
@@ -44,19 +52,21 @@ def _reject_unknown_keys(data: Any, cls: type[Section], where: str) -> None:
 
 
 class EvalModeConfig(Section):
-    """One evaluation mode: ``greedy`` (temperature 0, one response) or ``sampling`` (k samples).
+    """One evaluation mode: ``greedy`` (temperature 0, one response), ``sampling`` (k samples) or
+    ``nondet_proxy`` (k temperature-0 replies: a diagnostic of nondeterministic decoding).
 
-    A bare string is accepted: ``greedy`` or ``sampling`` (with the defaults below).
+    A bare string is accepted: ``greedy``, ``sampling`` or ``nondet_proxy`` (defaults below).
     """
 
-    kind: Literal["greedy", "sampling"] = Field(
+    kind: Literal["greedy", "sampling", "nondet_proxy"] = Field(
         description="greedy: temperature 0, n 1 -> greedy_pass@1; sampling: n k -> "
-        "sampling_pass@k, maj@k, mean_acc@k."
+        "sampling_pass@k (any of k), maj@k (majority vote), mean_acc@k; nondet_proxy: k "
+        "temperature-0 replies -> nondet_proxy_pass@k (measures nondeterminism, not skill)."
     )
     k: int | None = Field(
         None,
         ge=1,
-        description=f"Samples per problem (sampling only; default {DEFAULT_SAMPLING_K}).",
+        description=f"Samples per problem (sampling, nondet_proxy; default {DEFAULT_SAMPLING_K}).",
     )
     temperature: float | None = Field(
         None,
@@ -80,6 +90,11 @@ class EvalModeConfig(Section):
                 f"eval mode greedy is temperature 0 with one response (greedy_pass@1); got "
                 f"k={self.k}, temperature={self.temperature}: use kind: sampling for k samples"
             )
+        if self.kind == "nondet_proxy" and (self.temperature is not None or self.top_p != 1.0):
+            raise ValueError(
+                "eval mode nondet_proxy is temperature 0 (k greedy replies); it takes no "
+                f"temperature or top_p, got temperature={self.temperature}, top_p={self.top_p}"
+            )
         return self
 
     @property
@@ -89,6 +104,9 @@ class EvalModeConfig(Section):
 
     @property
     def sampling_temperature(self) -> float:
+        """Temperature the mode samples at: 0 for greedy and nondet_proxy."""
+        if self.kind != "sampling":
+            return 0.0
         return self.temperature or DEFAULT_SAMPLING_TEMPERATURE
 
     def metric_names(self) -> list[str]:
@@ -96,6 +114,8 @@ class EvalModeConfig(Section):
         if self.kind == "greedy":
             return ["greedy_pass@1"]
         k = self.samples
+        if self.kind == "nondet_proxy":
+            return [f"nondet_proxy_pass@{k}"]
         return [f"sampling_pass@{k}", f"maj@{k}", f"mean_acc@{k}"]
 
 
@@ -165,7 +185,7 @@ class EarlyStopConfig(Section):
         description="Stop when `metric` got worse than the previous eval `patience` times in a row.",
     )
     metric: str | None = Field(None, description="Default: eval.best_metric.")
-    patience: int = Field(2, ge=1, description="Consecutive drops that stop training (seed: 2).")
+    patience: int = Field(2, ge=1, description="Consecutive drops that stop training (default 2).")
     min_delta: float = Field(0.0, ge=0.0, description="A drop must exceed this to count.")
 
 
@@ -176,6 +196,19 @@ class EvalConfig(Section):
     every: int = Field(0, ge=0, description="Also evaluate every N steps (0: never).")
     max_problems: int = Field(100, gt=0, description="Problems per set (a set may set its own).")
     max_new_tokens: int | None = Field(None, description="Default: rollout.max_new_tokens.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Precision of every evaluation (before/after, in training, save_best, early "
+        "stop, rlvr eval), independent of model.autocast. auto: float32 on the CPU whatever its "
+        "bf16 support, bfloat16 on a GPU, the weights' dtype when model.dtype=bfloat16.",
+    )
+    batch_size: int | None = Field(
+        None,
+        gt=0,
+        description="Prompts per generate() call during evaluation (default: rollout.batch_size). "
+        "Records do not depend on it (greedy is batch-invariant, sampling is seeded per prompt "
+        "on the hf engine).",
+    )
     sets: list[EvalSetConfig] = Field(
         default_factory=list,
         description=f"Named eval sets; empty: the held-out split as {HELDOUT!r}.",
@@ -199,7 +232,7 @@ class EvalConfig(Section):
     def _names_resolve(self) -> EvalConfig:
         kinds = [m.kind for m in self.modes]
         if not kinds:
-            raise ValueError("eval.modes is empty: give at least one of greedy, sampling")
+            raise ValueError(f"eval.modes is empty: give at least one of {', '.join(MODE_KINDS)}")
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"eval.modes: one mode per kind, got {kinds}")
         names = [s.name for s in self.sets]

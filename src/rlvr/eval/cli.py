@@ -1,24 +1,39 @@
 """`rlvr eval`: evaluate a run, checkpoint, model or LoRA adapter with named modes.
 
-Results go to one JSON file in the format the in-training evaluator writes (results per set,
-per-problem records per set and mode) and to a printed table whose columns carry the mode's
-name (greedy_pass@1, sampling_pass@k, maj@k, mean_acc@k), so modes are never conflated.
+Results go to one JSON file in the format the in-training evaluator writes (provenance, modes,
+results per set, per-problem records per set and mode) and to a printed table with one row per
+set and metric, naming the mode, k, temperature and top-p beside each number, so modes are never
+conflated. A run's own last in-training eval measured differently (another dtype, engine, token
+limit, machine) is named in a warning.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
+import sys
 from pathlib import Path
 
 EVAL_EXAMPLES = """\
+metrics (each row of the table names its mode, k, temperature and top-p):
+  greedy_pass@1        temperature 0, one reply per problem: share of problems answered right
+  sampling_pass@k      k samples: chance that ANY of k is right (unbiased estimator, arXiv:2107.03374)
+  maj@k                k samples: the MAJORITY-VOTE answer of the k is right (not any-of-k)
+  mean_acc@k           k samples: mean share of right samples per problem
+  nondet_proxy_pass@k  k temperature-0 replies: any-of-k over repeated greedy decoding; measures
+                       only nondeterminism of batched decoding (a diagnostic, not a skill score)
+  truncated            share of replies that hit the token limit (max new tokens)
+  mean_len             mean reply length in tokens
+precision: eval.dtype (default auto = float32 on the CPU), independent of model.autocast;
+batching: eval.batch_size=N (records do not depend on it). Both are recorded in the JSON.
+
 examples:
   rlvr eval runs/drgrpo-arithmetic-20250101-120000          # its final model, sets and modes
   rlvr eval runs/RUN/best --sets heldout,ood_probe           # the best eval's saved model
   rlvr eval runs/RUN --modes greedy,sampling --k 8 --temperature 0.6
   rlvr eval path/to/model --data probe.jsonl -c run.yaml     # any model on any file
   rlvr eval path/to/lora_adapter --base path/to/base --data probe.jsonl
+  rlvr eval runs/RUN --modes greedy,nondet_proxy --k 4 eval.batch_size=1 eval.dtype=float32
 """
 
 
@@ -44,9 +59,10 @@ def add_eval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="set name for --data (default: the file's stem)")
     p.add_argument("--sets", help="comma list of the config's eval sets to run (default: all)")
     p.add_argument(
-        "--modes", help="comma list of greedy, sampling (default: the config's eval.modes)"
+        "--modes",
+        help="comma list of greedy, sampling, nondet_proxy (default: the config's eval.modes)",
     )
-    p.add_argument("--k", type=int, help="samples per problem for sampling mode")
+    p.add_argument("--k", type=int, help="samples (sampling) or greedy repeats (nondet_proxy)")
     p.add_argument("--temperature", type=float, help="sampling mode temperature")
     p.add_argument("--top-p", type=float, help="sampling mode top-p")
     p.add_argument("--max-problems", type=int, help="problems per set (default eval.max_problems)")
@@ -70,27 +86,35 @@ def _cli_overrides(args: argparse.Namespace) -> list[str]:
         out.append(f"eval.max_new_tokens={args.max_new_tokens}")
     flags = {"k": args.k, "temperature": args.temperature, "top_p": args.top_p}
     sampling = {"kind": "sampling", **{key: v for key, v in flags.items() if v is not None}}
+    nondet = {"kind": "nondet_proxy", **({"k": args.k} if args.k is not None else {})}
     if args.modes is not None:
         modes: list[object] = []
         for kind in (m.strip() for m in args.modes.split(",") if m.strip()):
-            if kind not in ("greedy", "sampling"):
-                raise ValueError(f"--modes: unknown mode {kind!r}; known: greedy, sampling")
-            modes.append("greedy" if kind == "greedy" else sampling)
+            if kind not in ("greedy", "sampling", "nondet_proxy"):
+                raise ValueError(
+                    f"--modes: unknown mode {kind!r}; known: greedy, sampling, nondet_proxy"
+                )
+            modes.append({"greedy": "greedy", "sampling": sampling, "nondet_proxy": nondet}[kind])
         out.append(f"eval.modes={json.dumps(modes)}")  # JSON is YAML: parsed like any override
     elif len(sampling) > 1:
         raise ValueError("--k / --temperature / --top-p need --modes with sampling")
     return out
 
 
-def results_table(results: dict, problems: dict[str, int]) -> dict:
-    """One row per set: its problem count, then every metric (named after its mode)."""
-    return {
-        name: {
-            "problems": problems[name],
-            **{key: v for key, v in scores.items() if not key.endswith("num_prompts")},
-        }
-        for name, scores in results.items()
-    }
+def run_provenance_warnings(run_dir: Path | None, provenance: dict) -> list[str]:
+    """Warnings naming each field in which this evaluation differs from the run's last
+    in-training eval (``RUN/eval/step_*.json``), whose numbers sit beside it in the run."""
+    if run_dir is None:
+        return []
+    from rlvr.eval.provenance import warn_if_different
+
+    files = sorted((Path(run_dir) / "eval").glob("step_*.json"))
+    if not files:
+        return []
+    recorded = json.loads(files[-1].read_text()).get("provenance") or {}
+    return warn_if_different(
+        {f"in-training eval {files[-1].name}": recorded, "this rlvr eval": provenance}
+    )
 
 
 def _offline_sets(args: argparse.Namespace, cfg) -> list:
@@ -144,9 +168,10 @@ def _out_path(args: argparse.Namespace, source) -> Path:
 def run_eval(args: argparse.Namespace) -> int:
     """`rlvr eval`: load, evaluate every set in every mode, write the JSON, print the table."""
     from rlvr.config import load_config
-    from rlvr.eval.evaluator import eval_payload, evaluate_sets, write_eval_file
+    from rlvr.eval.engine import evaluate_config_sets
+    from rlvr.eval.evaluator import eval_payload, write_eval_file
     from rlvr.eval.loading import eval_engine, load_policy, resolve_source
-    from rlvr.eval.metrics import format_table
+    from rlvr.eval.table import eval_table
     from rlvr.rewards.runner import RewardRunner
     from rlvr.training.run_setup import reward_specs
 
@@ -167,17 +192,7 @@ def run_eval(args: argparse.Namespace) -> int:
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )
     try:
-        outcome = evaluate_sets(
-            engine,
-            tokenizer,
-            sets,
-            rewards,
-            template=cfg.data.template,
-            system_prompt=cfg.data.system_prompt,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            stop=tuple(cfg.rollout.stop),
-            seed=cfg.eval.seed,
-        )
+        outcome = evaluate_config_sets(engine, tokenizer, sets, rewards, cfg)
     finally:
         rewards.close()
         engine.close()
@@ -188,9 +203,15 @@ def run_eval(args: argparse.Namespace) -> int:
             model=source.model,
             base=base,
             run=str(source.run_dir) if source.run_dir else None,
-            modes={s.name: [dataclasses.asdict(m) for m in s.modes] for s in sets},
         ),
     )
-    print(format_table(results_table(outcome.results, {s.name: len(s.rows) for s in sets})))
+    print(eval_table(outcome.results, outcome.modes, {s.name: len(s.rows) for s in sets}))
+    p = outcome.provenance
+    print(
+        f"measured with: {p['engine']} engine, {p['dtype']}, batch {p['batch_size']}, "
+        f"max new tokens {p['max_new_tokens']}, template {p['template']}, on {p['device_name']}"
+    )
+    for warning in run_provenance_warnings(source.run_dir, outcome.provenance):
+        print(f"[rlvr] warning: {warning}", file=sys.stderr)
     print(f"records: {out}")
     return 0

@@ -1,4 +1,4 @@
-"""Early stopping on a held-out metric, with the rule from seed 002 (sections 7 and 12).
+"""Early stopping on a held-out metric (README, "Evaluation").
 
 The rule: stop when the metric got worse than the *previous* eval for `patience` consecutive
 evals ("if OOD greedy_pass@1 drops for 2 consecutive evals, stop training"). An eval that is

@@ -1,20 +1,26 @@
 """Evaluation through exactly the code training uses: the same template, engine and reward runner.
 
-Seed 001's evaluation took a different path from its rollouts and under-reported accuracy by
-12.8 points; here `rlvr eval`, `rlvr data filter-difficulty` and the in-training evaluator all
-call `generate_records()` (through `evaluate_sets()` / `evaluate()`), and both evaluators write
-their results with `eval_payload()`, so their files can be compared record for record.
+An evaluation that takes a different path from the rollouts (another template, another
+generation call) can under-report accuracy by many points; here `rlvr eval`, `rlvr data
+filter-difficulty` and the in-training evaluator all call `generate_records()` (through
+`evaluate_sets()` / `evaluate()`), and both evaluators write their results with `eval_payload()`,
+so their files can be compared record for record.
+
+Records do not depend on how prompts are batched: prompts go to the engine in chunks of
+``batch_size``, greedy decoding is batch-invariant (tests/rollout), and sampling modes seed each
+prompt by its index (``SamplingParams.prompt_seeds``) where the engine supports it (hf).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlvr.config.eval import EvalModeConfig
 from rlvr.data.templates import render_rows
 from rlvr.eval.metrics import summarize
+from rlvr.eval.reply_stats import reply_stats
 from rlvr.rewards.math import extract_answer
 from rlvr.rollout.base import SamplingParams
 from rlvr.telemetry.jsonio import atomic_write_text
@@ -22,7 +28,8 @@ from rlvr.telemetry.jsonio import atomic_write_text
 
 @dataclass(frozen=True)
 class EvalMode:
-    """One named evaluation mode: ``greedy`` (temperature 0, n 1) or ``sampling`` (n = k)."""
+    """One named evaluation mode: ``greedy`` (temperature 0, n 1), ``sampling`` (n = k) or
+    ``nondet_proxy`` (k temperature-0 replies per problem, each its own request)."""
 
     kind: str = "greedy"
     k: int = 1
@@ -30,8 +37,10 @@ class EvalMode:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("greedy", "sampling"):
-            raise ValueError(f"unknown eval mode {self.kind!r}; known: greedy, sampling")
+        if self.kind not in ("greedy", "sampling", "nondet_proxy"):
+            raise ValueError(
+                f"unknown eval mode {self.kind!r}; known: greedy, sampling, nondet_proxy"
+            )
         if self.kind == "greedy" and self.k != 1:
             raise ValueError(f"greedy mode has one response per problem, got k={self.k}")
         if self.k < 1:
@@ -42,15 +51,38 @@ class EvalMode:
         """From an ``EvalModeConfig`` (rlvr.config.eval), filling its defaults."""
         if mode.kind == "greedy":
             return cls("greedy")
+        if mode.kind == "nondet_proxy":
+            return cls("nondet_proxy", k=mode.samples, temperature=0.0)
         return cls(
             "sampling", k=mode.samples, temperature=mode.sampling_temperature, top_p=mode.top_p
         )
 
+    @property
+    def repeats(self) -> int:
+        """Requests per problem: k for nondet_proxy (k separate greedy requests), else 1."""
+        return self.k if self.kind == "nondet_proxy" else 1
+
+    def describe(self) -> dict:
+        """Mode, k, temperature and top-p as the eval table prints them beside each number."""
+        greedy = self.kind != "sampling"
+        return {
+            "mode": self.kind,
+            "k": self.k,
+            "temperature": 0.0 if greedy else self.temperature,
+            "top_p": 1.0 if greedy else self.top_p,
+        }
+
     def params(
-        self, max_new_tokens: int, stop: tuple[str, ...] = (), seed: int = 0
+        self,
+        max_new_tokens: int,
+        stop: tuple[str, ...] = (),
+        seed: int = 0,
+        num_prompts: int | None = None,
     ) -> SamplingParams:
-        if self.kind == "greedy":
+        """Engine parameters; with ``num_prompts`` a sampling mode seeds prompt i with seed + i."""
+        if self.kind != "sampling":
             return SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
+        seeds = None if num_prompts is None else tuple(seed + i for i in range(num_prompts))
         return SamplingParams(
             n=self.k,
             temperature=self.temperature,
@@ -58,7 +90,32 @@ class EvalMode:
             max_new_tokens=max_new_tokens,
             stop=stop,
             seed=seed,
+            prompt_seeds=seeds,
         )
+
+
+def generate_batched(
+    engine, ids: list[list[int]], params: SamplingParams, *, batch_size: int = 0, repeats: int = 1
+) -> list[list]:
+    """``engine.generate`` over chunks of ``batch_size`` requests (0: all at once).
+
+    Each prompt is sent ``repeats`` times (nondet_proxy) and its completions regrouped;
+    ``params.prompt_seeds`` (one per prompt) are sliced along with the chunks.
+    """
+    flat = [p for p in ids for _ in range(repeats)]
+    seeds = params.prompt_seeds
+    if seeds is not None and repeats != 1:
+        raise ValueError("prompt_seeds with repeated requests: seed each request instead")
+    step = batch_size or len(flat) or 1
+    groups: list[list] = []
+    for start in range(0, len(flat), step):
+        chunk = (
+            params if seeds is None else replace(params, prompt_seeds=seeds[start : start + step])
+        )
+        groups.extend(engine.generate(flat[start : start + step], chunk))
+    return [
+        [c for g in groups[i * repeats : (i + 1) * repeats] for c in g] for i in range(len(ids))
+    ]
 
 
 def generate_records(
@@ -70,10 +127,13 @@ def generate_records(
     template: str,
     system_prompt: str | None,
     params: SamplingParams,
+    batch_size: int = 0,
+    repeats: int = 1,
 ) -> list[dict]:
-    """Per-problem records: prompt, reference, responses, extracted answers, correctness, scores."""
+    """Per-problem records: prompt, reference, responses, extracted answers, correctness, scores,
+    finish reasons and reply lengths in tokens."""
     texts, ids = render_rows(rows, template, tokenizer, system_prompt)
-    groups = engine.generate(ids, params)
+    groups = generate_batched(engine, ids, params, batch_size=batch_size, repeats=repeats)
     flat_rows = [r for r, g in zip(rows, groups, strict=True) for _ in g]
     comps = [c for g in groups for c in g]
     scored = rewards.score_batch(
@@ -101,6 +161,7 @@ def generate_records(
                 ],
                 "scores": [float(s) for s in scores],
                 "finish_reasons": [c.finish_reason for c in g],
+                "lengths": [len(c.token_ids) for c in g],
             }
         )
         k += n
@@ -119,9 +180,10 @@ def evaluate(
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
     seed: int = 0,
+    batch_size: int = 0,
 ) -> tuple[dict, list[dict]]:
-    """Run one mode over ``rows``; returns (named scores, per-problem records)."""
-    params = mode.params(max_new_tokens, stop, seed)
+    """Run one mode over ``rows``; returns (named scores with reply stats, per-problem records)."""
+    params = mode.params(max_new_tokens, stop, seed, num_prompts=len(rows))
     records = generate_records(
         engine,
         tokenizer,
@@ -130,10 +192,11 @@ def evaluate(
         template=template,
         system_prompt=system_prompt,
         params=params,
+        batch_size=batch_size,
+        repeats=mode.repeats,
     )
-    if mode.kind == "greedy":
-        return summarize(records, "greedy"), records
-    return summarize(records, "sampling", k=mode.k), records
+    scores = summarize(records, mode.kind, k=None if mode.kind == "greedy" else mode.k)
+    return {**scores, **reply_stats(records, mode.kind)}, records
 
 
 @dataclass(frozen=True)
@@ -149,21 +212,30 @@ class EvalSet:
 class EvalOutcome:
     """What one evaluation of several sets produced.
 
-    results: set name -> {metric: value} (metric names carry the mode: greedy_pass@1, maj@8, ...)
+    results: set name -> {metric: value} (metric names carry the mode: greedy_pass@1, maj@8, ...;
+             beside them <mode>/truncated_frac and <mode>/mean_reply_tokens)
     records: set name -> mode kind -> per-problem records (see `generate_records`)
+    modes: set name -> [mode, k, temperature, top_p of each mode run]
+    provenance: how the numbers were measured (`rlvr.eval.provenance`), {} when not given
     """
 
     results: dict[str, dict[str, float]] = field(default_factory=dict)
     records: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
+    modes: dict[str, list[dict]] = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
 
-    def metrics(self) -> dict[str, float]:
-        """Scores as ``eval/<set>/<metric>`` for metrics.jsonl (problem counts stay in the file)."""
-        return {
+    def metrics(self) -> dict:
+        """Scores as ``eval/<set>/<metric>`` for metrics.jsonl (problem counts stay in the file),
+        plus ``eval/provenance`` when known."""
+        out: dict = {
             f"eval/{name}/{metric}": value
             for name, scores in self.results.items()
             for metric, value in scores.items()
             if not metric.endswith("num_prompts")
         }
+        if self.provenance:
+            out["eval/provenance"] = dict(self.provenance)
+        return out
 
 
 def evaluate_sets(
@@ -177,14 +249,17 @@ def evaluate_sets(
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
     seed: int = 0,
+    batch_size: int = 0,
+    provenance: dict | None = None,
 ) -> EvalOutcome:
     """Every mode of every set through `evaluate()`; the one entry point of both evaluators."""
-    outcome = EvalOutcome()
+    outcome = EvalOutcome(provenance=dict(provenance or {}))
     for eval_set in sets:
         if not eval_set.rows:
             raise ValueError(f"eval set {eval_set.name!r} has no rows")
         outcome.results[eval_set.name] = {}
         outcome.records[eval_set.name] = {}
+        outcome.modes[eval_set.name] = [m.describe() for m in eval_set.modes]
         for mode in eval_set.modes:
             scores, records = evaluate(
                 engine,
@@ -197,6 +272,7 @@ def evaluate_sets(
                 max_new_tokens=max_new_tokens,
                 stop=stop,
                 seed=seed,
+                batch_size=batch_size,
             )
             outcome.results[eval_set.name].update(scores)
             outcome.records[eval_set.name][mode.kind] = records
@@ -204,8 +280,15 @@ def evaluate_sets(
 
 
 def eval_payload(outcome: EvalOutcome, **extra) -> dict:
-    """The JSON both evaluators write: ``extra`` (step, model, ...), results, records."""
-    return {**extra, "results": outcome.results, "records": outcome.records}
+    """The JSON both evaluators write: ``extra`` (step, model, ...), provenance, modes, results,
+    records."""
+    return {
+        **extra,
+        "provenance": outcome.provenance,
+        "modes": outcome.modes,
+        "results": outcome.results,
+        "records": outcome.records,
+    }
 
 
 def write_eval_file(path: Path, payload: dict) -> Path:

@@ -19,7 +19,8 @@ import torch
 
 from rlvr.config import Config
 from rlvr.eval.early_stop import EarlyStopper
-from rlvr.eval.evaluator import EvalSet, eval_payload, evaluate_sets, write_eval_file
+from rlvr.eval.engine import evaluate_config_sets, training_eval_engine
+from rlvr.eval.evaluator import EvalSet, eval_payload, write_eval_file
 from rlvr.eval.sets import build_eval_sets
 from rlvr.telemetry.jsonio import atomic_write_text
 
@@ -81,18 +82,10 @@ class InTrainingEvaluator:
         """Run every set; write eval/step_<step>.json; return ``eval/<set>/<metric>`` scores."""
         cfg = self.cfg
         t = time.perf_counter()
-        self.sync()
-        outcome = evaluate_sets(
-            self.engine,
-            self.tokenizer,
-            self.sets,
-            self.rewards,
-            template=cfg.data.template,
-            system_prompt=cfg.data.system_prompt,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            stop=tuple(cfg.rollout.stop),
-            seed=cfg.eval.seed,
-        )
+        self.sync()  # the engine holds the weights of this step (rollout.sync_every aside)
+        # eval.dtype, eval.batch_size and the provenance record: rlvr.eval.engine
+        engine = training_eval_engine(cfg, self.engine, self.model, self.tokenizer)
+        outcome = evaluate_config_sets(engine, self.tokenizer, self.sets, self.rewards, cfg)
         write_eval_file(
             self.run_dir / "eval" / f"step_{step:06d}.json",
             eval_payload(outcome, step=step),

@@ -18,7 +18,7 @@ import torch
 
 from rlvr.training.distributed import DistInfo, device_for
 from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer, prepare_tokenizer
-from rlvr.training.run_setup import build_engine, resolve_autocast, use_training_attention
+from rlvr.training.run_setup import use_training_attention
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -126,7 +126,8 @@ def load_policy(
 
 
 def eval_engine(cfg, model, tokenizer):
-    """The rollout engine the run's config asks for, with the trainer's autocast rule."""
-    device = next(model.parameters()).device
-    autocast = resolve_autocast(cfg, device)
-    return build_engine(cfg, model, tokenizer, autocast)
+    """The rollout engine the run's config asks for, computing in ``eval.dtype`` (not the
+    training autocast: see `rlvr.eval.engine`)."""
+    from rlvr.eval.engine import offline_eval_engine
+
+    return offline_eval_engine(cfg, model, tokenizer)

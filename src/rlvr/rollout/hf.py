@@ -26,11 +26,13 @@ class HFEngine:
         batch_size: int = 64,
         autocast: bool = False,
         synced: bool = False,
+        autocast_dtype: torch.dtype = torch.bfloat16,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.autocast = autocast
+        self.autocast_dtype = autocast_dtype  # eval.dtype when evaluating (rlvr.eval.engine)
         # FSDP: every rank must run the same number of forward passes (HF's synced_gpus).
         self.synced = synced
         # The trainer's module is this engine's: whatever version the trainer records is held.
@@ -40,7 +42,7 @@ class HFEngine:
         if not self.autocast:
             return contextlib.nullcontext()
         device = next(self.model.parameters()).device.type
-        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device, dtype=self.autocast_dtype)
 
     @torch.no_grad()
     def generate(
@@ -142,6 +144,10 @@ class HFEngine:
         for j, t in enumerate(row):
             if t == eos:
                 return j + 1, "stop"
+            if pad == eos and params.stop and self._ends_with_stop(row, j, params.stop):
+                # the pads after a stop string are EOS tokens here: in a batch they would count
+                # as the model's own EOS, and the reply would differ from the same prompt alone
+                return j + 1, "stop"
         n = len(row)
         if pad != eos:
             while n > 0 and row[n - 1] == pad:
@@ -153,6 +159,13 @@ class HFEngine:
             if any(text.endswith(s) for s in params.stop):
                 return n, "stop"
         return n, "length"
+
+    def _ends_with_stop(self, row: list[int], j: int, stop: tuple[str, ...]) -> bool:
+        """Whether the reply's text up to token ``j`` ends with a stop string (decoding only the
+        last tokens: a stop string of L characters spans at most L tokens)."""
+        tail = row[max(0, j + 1 - max(len(s) for s in stop)) : j + 1]
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
+        return any(text.endswith(s) for s in stop)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: this engine samples from the trainer's own module."""

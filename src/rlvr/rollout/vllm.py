@@ -165,19 +165,25 @@ class VLLMEngine:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_trainer(
-        cls, cfg, model: torch.nn.Module, tokenizer, *, workdir: str | Path | None = None
+        cls,
+        cfg,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        workdir: str | Path | None = None,
+        dtype: torch.dtype | None = None,
     ) -> VLLMEngine:
         """An engine sampling from ``model``'s current weights (a peft model is merged).
 
         The weights go to a temporary folder (under ``workdir`` if given) in the engine's dtype,
         removed again by ``close()``. Knobs come from ``cfg.rollout``; the dtype follows the
-        trainer's numerics (``engine_dtype``).
+        trainer's numerics (``engine_dtype``) unless given (evaluation: ``eval.dtype``).
         """
         plan = lora_merge_plan(model)
         tied = bool(getattr(base_config(model), "tie_word_embeddings", False))
         _check_tied_lora(plan, tied)
         _require_vllm()
-        dtype = engine_dtype(cfg, next(model.parameters()).device)
+        dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
         folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
         try:

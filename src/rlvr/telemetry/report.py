@@ -17,6 +17,7 @@ from typing import Any
 from rlvr.telemetry.jsonio import atomic_write_text
 from rlvr.telemetry.plots import PLOTS
 from rlvr.telemetry.report_data import ABSENT, RunData, config_diff, load_run, run_labels, series
+from rlvr.telemetry.report_eval import eval_section
 
 REPORT_FILE = "report.html"
 PLOTS_DIR = "plots"
@@ -217,6 +218,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
         [
             f"<h1>{_e(title)}</h1><p class='note'>Generated {_e(stamp)}.</p>",
             _runs_section(runs),
+            eval_section(runs),
             _plots_section(runs, out_dir),
             _config_section(runs),
             _health_section(runs),

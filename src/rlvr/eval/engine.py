@@ -1,0 +1,125 @@
+"""The engine every evaluation generates with, at ``eval.dtype`` whatever the training autocast.
+
+`rlvr eval`, `rlvr data filter-difficulty` and the in-training evaluator (before/after, scheduled,
+``save_best``, the early-stop probe) all get their engine here. transformers in float32 and vLLM
+in float32 gave the same 100 of 100 greedy replies on SmolLM2-135M; bf16 autocast changed 54 of
+them, so the precision is fixed by ``eval.dtype`` and not by the CPU the run lands on.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from rlvr.rollout.hf import HFEngine
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def resolve_eval_dtype(cfg, device: torch.device | str) -> torch.dtype:
+    """``eval.dtype`` in force: ``auto`` is float32 on the CPU (whatever its bf16 support),
+    bfloat16 on a GPU, and bfloat16 when the weights are stored in bf16 (``model.dtype``)."""
+    if cfg.model.dtype == "bfloat16":
+        if cfg.eval.dtype == "float32":
+            raise ValueError(
+                "eval.dtype=float32 with model.dtype=bfloat16: the weights are stored in bf16; "
+                "set eval.dtype=bfloat16 (or auto), or keep float32 master weights"
+            )
+        return DTYPES.get(cfg.eval.dtype, torch.bfloat16)
+    if cfg.eval.dtype != "auto":
+        return DTYPES[cfg.eval.dtype]
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def eval_batch_size(cfg) -> int:
+    """Prompts per generate() call during evaluation: eval.batch_size, else rollout.batch_size."""
+    return cfg.eval.batch_size or cfg.rollout.batch_size
+
+
+def hf_eval_engine(
+    model: torch.nn.Module, tokenizer, cfg, dtype: torch.dtype, *, synced: bool = False
+) -> HFEngine:
+    """An hf engine over ``model`` computing in ``dtype`` (autocast when below the weights')."""
+    return HFEngine(
+        model,
+        tokenizer,
+        batch_size=eval_batch_size(cfg),
+        autocast=dtype != weights_dtype(model),
+        autocast_dtype=dtype,
+        synced=synced,
+    )
+
+
+def engine_kind(cfg) -> str:
+    """hf or vllm: ``rollout.engine``, with ``auto`` resolved as training resolves it."""
+    if cfg.rollout.engine != "auto":
+        return cfg.rollout.engine
+    from rlvr.training.run_setup import vllm_available
+
+    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return (
+        "vllm" if vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" and not multi else "hf"
+    )
+
+
+def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
+    """The engine of `rlvr eval` / filter-difficulty: the config's engine at ``eval.dtype``."""
+    dtype = resolve_eval_dtype(cfg, next(model.parameters()).device)
+    if engine_kind(cfg) == "vllm":
+        from rlvr.rollout.vllm import VLLMEngine
+
+        return VLLMEngine.from_trainer(cfg, model, tokenizer, dtype=dtype)
+    return hf_eval_engine(model, tokenizer, cfg, dtype)
+
+
+def training_eval_engine(trainer):
+    """The engine of an in-training evaluation: the rollout vLLM engine when it already computes
+    in ``eval.dtype``, else an hf engine over the trainer's own module at ``eval.dtype`` (one
+    vLLM engine per process: a second one at another dtype cannot be opened)."""
+    engine = trainer.engine
+    model = engine.model if engine.name == "hf" else trainer.model
+    dtype = resolve_eval_dtype(trainer.cfg, next(model.parameters()).device)
+    if engine.name == "vllm" and engine.dtype == dtype:
+        return engine
+    return hf_eval_engine(
+        model, trainer.tokenizer, trainer.cfg, dtype, synced=getattr(engine, "synced", False)
+    )
+
+
+def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):
+    """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
+    batch size, recording the provenance: both evaluators call this, so they cannot differ."""
+    from rlvr.eval.evaluator import evaluate_sets
+    from rlvr.eval.provenance import provenance
+    from rlvr.training.run_setup import reward_specs
+
+    max_new_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    batch_size = eval_batch_size(cfg)
+    return evaluate_sets(
+        engine,
+        tokenizer,
+        sets,
+        rewards,
+        template=cfg.data.template,
+        system_prompt=cfg.data.system_prompt,
+        max_new_tokens=max_new_tokens,
+        stop=tuple(cfg.rollout.stop),
+        seed=cfg.eval.seed,
+        batch_size=batch_size,
+        provenance=provenance(
+            engine,
+            cfg=cfg,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            grader=[s.name for s in reward_specs(cfg)],
+        ),
+    )
