@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import ConfigError, load_config
-from rlvr.eval.evaluator import EvalMode, EvalOutcome
+from rlvr.eval.evaluator import EvalOutcome, sampling_params
 from rlvr.eval.sets import build_eval_sets
 
 
@@ -46,11 +46,12 @@ def test_named_sets_and_modes_give_metrics_named_after_set_and_mode(tmp_path: Pa
 
 def test_a_bare_sampling_mode_takes_the_seed_defaults() -> None:
     (greedy, sampling) = load_config(None, ["eval.modes=[greedy, sampling]"]).eval.modes
-    # seed 002's sampling_pass@8: temperature 0.6, n 8
-    assert EvalMode.from_config(sampling) == EvalMode("sampling", k=8, temperature=0.6, top_p=1.0)
-    assert EvalMode.from_config(greedy) == EvalMode("greedy", k=1)
-    assert EvalMode("greedy").params(8).temperature == 0.0
-    assert EvalMode("sampling", k=8).params(8, seed=3).n == 8
+    # the usual sampling_pass@8 setting: temperature 0.6, n 8
+    assert sampling.describe() == {"mode": "sampling", "k": 8, "temperature": 0.6, "top_p": 1.0}
+    assert greedy.describe() == {"mode": "greedy", "k": 1, "temperature": 0.0, "top_p": 1.0}
+    assert sampling_params(greedy, 8).temperature == 0.0
+    params = sampling_params(sampling, 8, seed=3, num_prompts=2)
+    assert (params.n, params.temperature, params.prompt_seeds) == (8, 0.6, (3, 4))
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,20 @@ class EvalModeConfig(Section):
             return 0.0
         return self.temperature or DEFAULT_SAMPLING_TEMPERATURE
 
+    @property
+    def repeats(self) -> int:
+        """Requests per problem: k for nondet_proxy (k separate greedy requests), else 1."""
+        return self.samples if self.kind == "nondet_proxy" else 1
+
+    def describe(self) -> dict:
+        """Mode, k, temperature and top-p as the eval table prints them beside each number."""
+        return {
+            "mode": self.kind,
+            "k": self.samples,
+            "temperature": self.sampling_temperature,
+            "top_p": self.top_p if self.kind == "sampling" else 1.0,
+        }
+
     def metric_names(self) -> list[str]:
         """The metrics this mode reports; the first is its headline."""
         if self.kind == "greedy":

@@ -120,7 +120,7 @@ def run_provenance_warnings(run_dir: Path | None, provenance: dict) -> list[str]
 def _offline_sets(args: argparse.Namespace, cfg) -> list:
     """One set from --data, else the config's sets (all, or those named by --sets)."""
     from rlvr.config import ConfigError
-    from rlvr.eval.evaluator import EvalMode, EvalSet
+    from rlvr.eval.evaluator import EvalSet
     from rlvr.eval.sets import build_eval_sets
     from rlvr.training.run_setup import load_rows_for
 
@@ -134,7 +134,7 @@ def _offline_sets(args: argparse.Namespace, cfg) -> list:
             system_prompt=cfg.data.system_prompt,
             limit=cfg.eval.max_problems,
         )
-        modes = tuple(EvalMode.from_config(m) for m in cfg.eval.modes)
+        modes = tuple(cfg.eval.modes)
         return [EvalSet(args.name or Path(args.data).stem, rows, modes)]
     cache: dict[str, tuple[list[dict], list[dict]]] = {}
 

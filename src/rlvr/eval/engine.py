@@ -66,9 +66,7 @@ def engine_kind(cfg) -> str:
     from rlvr.training.run_setup import vllm_available
 
     multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return (
-        "vllm" if vllm_available() and os.environ.get("RLVR_NO_VLLM") != "1" and not multi else "hf"
-    )
+    return "vllm" if vllm_available() and not multi else "hf"
 
 
 def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
@@ -81,18 +79,17 @@ def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
     return hf_eval_engine(model, tokenizer, cfg, dtype)
 
 
-def training_eval_engine(trainer):
+def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
     """The engine of an in-training evaluation: the rollout vLLM engine when it already computes
-    in ``eval.dtype``, else an hf engine over the trainer's own module at ``eval.dtype`` (one
-    vLLM engine per process: a second one at another dtype cannot be opened)."""
-    engine = trainer.engine
-    model = engine.model if engine.name == "hf" else trainer.model
-    dtype = resolve_eval_dtype(trainer.cfg, next(model.parameters()).device)
+    in ``eval.dtype``, else an hf engine at ``eval.dtype`` over the rollout hf engine's module
+    (the trainer's own, unless a test gave the engine a copy) or, beside vLLM, over the trainer's
+    ``model`` (one vLLM engine per process: a second one at another dtype cannot be opened).
+    The caller syncs the rollout engine first."""
+    module = engine.model if engine.name == "hf" else model
+    dtype = resolve_eval_dtype(cfg, next(module.parameters()).device)
     if engine.name == "vllm" and engine.dtype == dtype:
         return engine
-    return hf_eval_engine(
-        model, trainer.tokenizer, trainer.cfg, dtype, synced=getattr(engine, "synced", False)
-    )
+    return hf_eval_engine(module, tokenizer, cfg, dtype, synced=getattr(engine, "synced", False))
 
 
 def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):

@@ -26,72 +26,27 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.telemetry.jsonio import atomic_write_text
 
 
-@dataclass(frozen=True)
-class EvalMode:
-    """One named evaluation mode: ``greedy`` (temperature 0, n 1), ``sampling`` (n = k) or
-    ``nondet_proxy`` (k temperature-0 replies per problem, each its own request)."""
-
-    kind: str = "greedy"
-    k: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("greedy", "sampling", "nondet_proxy"):
-            raise ValueError(
-                f"unknown eval mode {self.kind!r}; known: greedy, sampling, nondet_proxy"
-            )
-        if self.kind == "greedy" and self.k != 1:
-            raise ValueError(f"greedy mode has one response per problem, got k={self.k}")
-        if self.k < 1:
-            raise ValueError(f"eval mode {self.kind}: k must be >= 1, got {self.k}")
-
-    @classmethod
-    def from_config(cls, mode: EvalModeConfig) -> EvalMode:
-        """From an ``EvalModeConfig`` (rlvr.config.eval), filling its defaults."""
-        if mode.kind == "greedy":
-            return cls("greedy")
-        if mode.kind == "nondet_proxy":
-            return cls("nondet_proxy", k=mode.samples, temperature=0.0)
-        return cls(
-            "sampling", k=mode.samples, temperature=mode.sampling_temperature, top_p=mode.top_p
-        )
-
-    @property
-    def repeats(self) -> int:
-        """Requests per problem: k for nondet_proxy (k separate greedy requests), else 1."""
-        return self.k if self.kind == "nondet_proxy" else 1
-
-    def describe(self) -> dict:
-        """Mode, k, temperature and top-p as the eval table prints them beside each number."""
-        greedy = self.kind != "sampling"
-        return {
-            "mode": self.kind,
-            "k": self.k,
-            "temperature": 0.0 if greedy else self.temperature,
-            "top_p": 1.0 if greedy else self.top_p,
-        }
-
-    def params(
-        self,
-        max_new_tokens: int,
-        stop: tuple[str, ...] = (),
-        seed: int = 0,
-        num_prompts: int | None = None,
-    ) -> SamplingParams:
-        """Engine parameters; with ``num_prompts`` a sampling mode seeds prompt i with seed + i."""
-        if self.kind != "sampling":
-            return SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
-        seeds = None if num_prompts is None else tuple(seed + i for i in range(num_prompts))
-        return SamplingParams(
-            n=self.k,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            seed=seed,
-            prompt_seeds=seeds,
-        )
+def sampling_params(
+    mode: EvalModeConfig,
+    max_new_tokens: int,
+    stop: tuple[str, ...] = (),
+    seed: int = 0,
+    num_prompts: int | None = None,
+) -> SamplingParams:
+    """Engine parameters of ``mode``; with ``num_prompts`` a sampling mode seeds prompt i with
+    seed + i (greedy and nondet_proxy are temperature 0, one reply per request)."""
+    if mode.kind != "sampling":
+        return SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens, stop=stop)
+    seeds = None if num_prompts is None else tuple(seed + i for i in range(num_prompts))
+    return SamplingParams(
+        n=mode.samples,
+        temperature=mode.sampling_temperature,
+        top_p=mode.top_p,
+        max_new_tokens=max_new_tokens,
+        stop=stop,
+        seed=seed,
+        prompt_seeds=seeds,
+    )
 
 
 def generate_batched(
@@ -176,14 +131,14 @@ def evaluate(
     *,
     template: str,
     system_prompt: str | None,
-    mode: EvalMode,
+    mode: EvalModeConfig,
     max_new_tokens: int,
     stop: tuple[str, ...] = (),
     seed: int = 0,
     batch_size: int = 0,
 ) -> tuple[dict, list[dict]]:
     """Run one mode over ``rows``; returns (named scores with reply stats, per-problem records)."""
-    params = mode.params(max_new_tokens, stop, seed, num_prompts=len(rows))
+    params = sampling_params(mode, max_new_tokens, stop, seed, num_prompts=len(rows))
     records = generate_records(
         engine,
         tokenizer,
@@ -195,7 +150,7 @@ def evaluate(
         batch_size=batch_size,
         repeats=mode.repeats,
     )
-    scores = summarize(records, mode.kind, k=None if mode.kind == "greedy" else mode.k)
+    scores = summarize(records, mode.kind, k=None if mode.kind == "greedy" else mode.samples)
     return {**scores, **reply_stats(records, mode.kind)}, records
 
 
@@ -205,7 +160,7 @@ class EvalSet:
 
     name: str
     rows: list[dict]
-    modes: tuple[EvalMode, ...]
+    modes: tuple[EvalModeConfig, ...]
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rlvr.config.eval import HELDOUT, EvalSetConfig
-from rlvr.eval.evaluator import EvalMode, EvalSet
+from rlvr.eval.evaluator import EvalSet
 
 
 def set_rows(
@@ -82,6 +82,6 @@ def build_eval_sets(
         if implicit and not heldout_rows():
             continue
         rows = set_rows(set_cfg, cfg, heldout_rows=heldout_rows, train_rows=train_rows)
-        modes = tuple(EvalMode.from_config(m) for m in cfg.eval.modes_of(set_cfg))
+        modes = tuple(cfg.eval.modes_of(set_cfg))
         sets.append(EvalSet(set_cfg.name, rows, modes))
     return sets
