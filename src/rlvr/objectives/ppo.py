@@ -13,7 +13,7 @@ import torch
 from rlvr.algorithms import gae_advantages, value_loss, whiten
 from rlvr.objectives.base import Needs, Objective, register
 from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
-from rlvr.training.policy import SequenceBatch
+from rlvr.training.policy import SequenceBatch, completion_outputs
 
 
 @register("ppo")
@@ -46,18 +46,8 @@ class PPO(Objective):
 
     def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
         """Policy logits and the critic's value of each completion position ``[B, Tc]``."""
-        tc = sb.completion_len
-        out = model(
-            input_ids=sb.input_ids,
-            attention_mask=sb.attention_mask,
-            position_ids=sb.position_ids,
-            logits_to_keep=tc + 1,
-            use_cache=False,
-            output_hidden_states=True,
-        )
-        hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :]
-        values = self.value_head(hidden.float()).squeeze(-1)
-        return {"logits": out.logits[:, :-1, :], "values": values}
+        logits, hidden = completion_outputs(model, sb, hidden_states=True)
+        return {"logits": logits, "values": self.value_head(hidden.float()).squeeze(-1)}
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         comp_ids = batch.comp_ids

