@@ -114,27 +114,6 @@ def group_advantages(
     return adv.reshape(rewards.shape)
 
 
-def grpo_advantages(
-    rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
-) -> Tensor:
-    """GRPO advantages ``(r - mean) / (unbiased std + eps)``; see :func:`group_advantages`."""
-    return group_advantages(rewards, group_size, "grpo", valid=valid, eps=eps)
-
-
-def drgrpo_advantages(
-    rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
-) -> Tensor:
-    """Dr.GRPO advantages ``r - mean`` (``eps`` unused); see :func:`group_advantages`."""
-    return group_advantages(rewards, group_size, "drgrpo", valid=valid, eps=eps)
-
-
-def rloo_advantages(
-    rewards: Tensor, group_size: int, *, valid: Tensor | None = None, eps: float = 1e-6
-) -> Tensor:
-    """RLOO advantages ``r_i - mean_{j != i} r_j`` (``eps`` unused); see :func:`group_advantages`."""
-    return group_advantages(rewards, group_size, "rloo", valid=valid, eps=eps)
-
-
 @torch.no_grad()
 def gae_advantages(
     token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
