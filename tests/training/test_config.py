@@ -1,5 +1,9 @@
 """Config: unknown keys suggest the right one, overrides parse, guardrails name the knob and rule."""
 
+import ast
+import subprocess
+import sys
+
 import pytest
 
 from rlvr.config import ConfigError, load_config
@@ -97,3 +101,17 @@ def test_resolved_config_round_trips(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(cfg.to_yaml())
     assert load_config(path) == cfg
+
+
+def test_importing_the_config_loads_no_runtime_module() -> None:
+    """Config is a leaf: a fresh interpreter that imports it and builds a Config has loaded no
+    other rlvr module, and neither torch nor transformers (it used to load 31 rlvr modules,
+    the reward sandbox pool among them)."""
+    code = (
+        "import sys, rlvr.config\n"
+        "rlvr.config.load_config(None, ['algo.objective=ppo'])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('rlvr', 'torch', 'transformers'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = ast.literal_eval(out.stdout)
+    assert loaded and all(m == "rlvr" or m.startswith("rlvr.config") for m in loaded), loaded
