@@ -19,7 +19,7 @@ from rlvr.telemetry import (
     read_health,
     write_health,
 )
-from rlvr.telemetry.health_rules import RULE_NAMES
+from rlvr.telemetry.health import RULE_NAMES
 
 # A step where every rule is satisfied.
 HEALTHY = {
@@ -215,6 +215,8 @@ def test_default_actions_stop_only_the_fatal_rules() -> None:
         "reward_stuck",
         "grad_norm_zero",
         "nonfinite",
+        "ratio_explosion",  # consecutive steps with ratios far from 1: the update is off-policy
+        "grad_spikes",  # growing spikes: divergence
     }
     assert cfg.warmup_steps == 5 and cfg.window == 5
 

@@ -1,7 +1,10 @@
 """Settings of the health gate: one sub-model per rule, each with ``enabled`` and ``action``.
 
-The rules are early smoke-test criteria (do not wait 20 episodes to detect a problem), plus
-two that catch failures that are otherwise silent (engine/trainer log-prob mismatch) and a guard against an update loop that keeps skipping non-finite steps.
+The rules are early smoke-test criteria (do not wait 20 episodes to detect a problem), two that
+catch failures that are otherwise silent (engine/trainer log-prob mismatch) and a guard against
+an update loop that keeps skipping non-finite steps, plus alarms for the quiet failures of runs
+that look fine: entropy or length collapse, exploding ratios, KL and grad-norm spikes, and
+training reward rising while a held-out metric falls.
 
 ``action`` decides what the trainer does when a rule fires: ``warn`` logs the event and goes on,
 ``stop`` writes ``health.json`` and ends the run with a non-zero exit. Stop is the default only
@@ -188,6 +191,135 @@ class NonfiniteRule(_Rule):
     )
 
 
+class EntropyCollapseRule(_Rule):
+    """``entropy_mean`` below a floor, or fallen by ``max_drop`` of its highest value over the
+    previous ``window`` steps (the policy stops exploring)."""
+
+    min_entropy: float = Field(
+        0.02, ge=0.0, description="Fire when entropy_mean (nats per token) is below this."
+    )
+    max_drop: float = Field(
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "Fire when entropy_mean fell by more than this fraction of its highest value over "
+            "the previous `window` steps (0.9: to a tenth). The demo's converging run fell by "
+            "at most 0.83 over 5 steps."
+        ),
+    )
+    action: Action = Field(
+        "warn",
+        description=(
+            "Default warn: a policy that has solved an easy task is confident too; a collapse "
+            "on a task it has not solved needs a higher entropy_coef, temperature or clip_high."
+        ),
+    )
+
+
+class LengthCollapseRule(_Rule):
+    """Median reply length (``response_len_p50``) down by ``max_drop`` from its value at the first
+    checked step while ``reward_mean`` is flat or rising: the reward-hacking shape."""
+
+    max_drop: float = Field(
+        0.75,
+        gt=0.0,
+        lt=1.0,
+        description=(
+            "Fire when response_len_p50 is below (1 - max_drop) x its value at the first "
+            "checked step (after warm-up). The demo's replies shrank by 0.67 as they lost "
+            "their padding."
+        ),
+    )
+    reward_tolerance: float = Field(
+        0.02,
+        ge=0.0,
+        description="reward_mean counts as flat or rising when >= baseline - this.",
+    )
+    action: Action = Field(
+        "warn",
+        description=(
+            "Default warn: shorter answers can be a good thing (a model that stops rambling); "
+            "read samples to tell that from one-step answers that fool the reward."
+        ),
+    )
+
+
+class RatioExplosionRule(_Rule):
+    """Importance ratios out of bounds: ``ratio_max`` above ``max_ratio`` or ``log_ratio_abs_p99``
+    above ``max_log_ratio_p99`` on ``steps`` consecutive steps."""
+
+    max_ratio: float = Field(10.0, gt=1.0, description="Fire when ratio_max exceeds this.")
+    max_log_ratio_p99: float = Field(
+        5.0, gt=0.0, description="Fire when log_ratio_abs_p99 (|log pi/pi_old|, p99) exceeds this."
+    )
+    steps: int = Field(2, ge=1, description="Consecutive steps the condition must hold.")
+    action: Action = Field(
+        "stop",
+        description=(
+            "Default stop: with ratios this far from 1 on consecutive steps the policy no "
+            "longer matches the samples it learns from (stale engine weights, misaligned "
+            "log-probs, a learning rate far too high); more steps only diverge further."
+        ),
+    )
+
+
+class KLSpikeRule(_Rule):
+    """``kl`` above ``factor`` times its running median over the previous ``history`` steps."""
+
+    factor: float = Field(5.0, gt=1.0, description="Fire when kl > factor x running median.")
+    history: int = Field(
+        10, ge=3, description="Steps in the running median (fires only once it has 3 values)."
+    )
+    min_kl: float = Field(
+        1e-3, ge=0.0, description="Ignore KL values below this (near 0 any ratio is noise)."
+    )
+    action: Action = Field(
+        "warn",
+        description=(
+            "Default warn: a KL jump often follows one aggressive step and recovers; repeated "
+            "spikes want a lower learning rate or a larger beta."
+        ),
+    )
+
+
+class GradSpikesRule(_Rule):
+    """Three grad-norm spikes within ``within`` steps, each larger than the one before (a spike:
+    ``grad_norm`` above ``factor`` times its running median)."""
+
+    factor: float = Field(3.0, gt=1.0, description="A spike is grad_norm > factor x median.")
+    within: int = Field(10, ge=3, description="The three spikes must fall within this many steps.")
+    action: Action = Field(
+        "stop",
+        description=(
+            "Default stop: spikes that keep growing are the run diverging; clipping hides "
+            "them from the update for a while, not for long."
+        ),
+    )
+
+
+class TrainEvalDivergenceRule(_Rule):
+    """Training reward up while a held-out metric falls, over two consecutive evaluations."""
+
+    metric: str | None = Field(
+        None,
+        description=(
+            "The eval metric to watch, as logged (eval/<set>/<metric>); None: the first such "
+            "key in sorted order (e.g. eval/heldout/greedy_pass@1)."
+        ),
+    )
+    min_drop: float = Field(
+        0.0, ge=0.0, description="Each of the two evals must fall by more than this."
+    )
+    action: Action = Field(
+        "warn",
+        description=(
+            "Default warn: the training reward is being earned in a way that does not carry "
+            "over (overfitting or reward hacking); compare samples from both."
+        ),
+    )
+
+
 class HealthConfig(BaseModel):
     """Health-gate settings: warm-up, window length and one sub-model per rule."""
 
@@ -234,4 +366,24 @@ class HealthConfig(BaseModel):
     nonfinite: NonfiniteRule = Field(
         default_factory=NonfiniteRule,
         description="Non-finite loss or gradients several steps in a row.",
+    )
+    entropy_collapse: EntropyCollapseRule = Field(
+        default_factory=EntropyCollapseRule, description="entropy_mean near 0 or falling fast."
+    )
+    length_collapse: LengthCollapseRule = Field(
+        default_factory=LengthCollapseRule,
+        description="Median reply length collapsing while reward holds.",
+    )
+    ratio_explosion: RatioExplosionRule = Field(
+        default_factory=RatioExplosionRule, description="ratio_max > 10 or |log-ratio| p99 > 5."
+    )
+    kl_spike: KLSpikeRule = Field(
+        default_factory=KLSpikeRule, description="kl above 5x its running median."
+    )
+    grad_spikes: GradSpikesRule = Field(
+        default_factory=GradSpikesRule, description="Three growing grad-norm spikes."
+    )
+    train_eval_divergence: TrainEvalDivergenceRule = Field(
+        default_factory=TrainEvalDivergenceRule,
+        description="Training reward up, held-out metric down over two evals.",
     )

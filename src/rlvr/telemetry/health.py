@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from rlvr.config.health import HealthConfig
+from rlvr.telemetry.health_quiet import QUIET_RULES
 from rlvr.telemetry.health_rules import MISSING, RULES, Finding
 from rlvr.telemetry.jsonio import (
     append_line,
@@ -38,6 +39,9 @@ from rlvr.telemetry.jsonio import (
     read_jsonl,
 )
 from rlvr.telemetry.playbook import ADVICE
+
+ALL_RULES = RULES + QUIET_RULES
+RULE_NAMES: tuple[str, ...] = tuple(r.rule for r in ALL_RULES)
 
 HEALTH_FILE = "health.json"
 HEALTH_EVENTS_FILE = "health_events.jsonl"
@@ -104,7 +108,7 @@ class HealthGate:
 
     def __init__(self, cfg: HealthConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else HealthConfig()
-        self._checks = [rule(self.cfg) for rule in RULES]
+        self._checks = [rule(self.cfg) for rule in ALL_RULES]
         self._active: set[str] = set()
         self.events: list[HealthEvent] = []
 

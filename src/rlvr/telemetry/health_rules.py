@@ -253,4 +253,3 @@ RULES = (
     _LogprobMismatch,
     _Nonfinite,
 )
-RULE_NAMES: tuple[str, ...] = tuple(r.rule for r in RULES)

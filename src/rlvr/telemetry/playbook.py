@@ -70,6 +70,46 @@ ADVICE: dict[str, str] = {
         "Precision differences alone give small values. Compare the two on one batch before "
         "trusting ratio or KL metrics."
     ),
+    "entropy_low": (
+        "entropy_mean is {entropy_mean:.3g} nats per token (floor {min_entropy:.3g}): the "
+        "policy samples almost deterministically, so groups stop differing and exploration "
+        "ends. If the task is not solved yet, raise algo.entropy_coef, the sampling "
+        "temperature or algo.clip_high (clip-higher keeps low-probability tokens alive)."
+    ),
+    "entropy_falling": (
+        "entropy_mean fell from {recent_max:.3g} to {entropy_mean:.3g} within {steps} steps: "
+        "the policy is collapsing onto a few replies. Lower the learning rate, raise "
+        "algo.clip_high or algo.entropy_coef, and read samples: a collapse onto one reply "
+        "that the reward likes is often reward hacking."
+    ),
+    "length_collapse": (
+        "The median reply length fell from {baseline_len:.0f} to {response_len_p50:.0f} tokens "
+        "while reward_mean held ({baseline_reward:.3g} -> {reward_mean:.3g}): the reward may "
+        "be paying for answers without their reasoning. Read samples; check that the reward "
+        "cannot be earned by a bare guess (held-out accuracy, train/eval divergence)."
+    ),
+    "ratio_explosion": (
+        "Importance ratios are far from 1 for {steps} steps (ratio_max {ratio_max:.3g}, "
+        "|log-ratio| p99 {p99:.3g}): the policy being updated is not the one that sampled. "
+        "Check the engine's weight sync (logprob_diff_max, policy_version), lower the "
+        "learning rate or the number of update passes per batch, tighten the ratio clip."
+    ),
+    "kl_spike": (
+        "kl jumped to {kl:.3g}, {factor:g}x its running median {running_median:.3g}: one "
+        "update moved the policy far from the reference. Lower the learning rate, raise "
+        "algo.beta (or use algo.kl_target), and check spikes.jsonl for the prompts involved."
+    ),
+    "grad_spikes": (
+        "Three grad-norm spikes within {within} steps, each larger than the last ({norms}): "
+        "the run is diverging. Lower the learning rate, tighten the ratio clip or the "
+        "gradient clip, and look at log_ratio_max and spikes.jsonl for the tokens behind it."
+    ),
+    "train_eval_divergence": (
+        "Training reward rose ({r0:.3g} -> {r2:.3g}) while {metric} fell ({e0:.3g} -> {e2:.3g}) "
+        "over two evaluations: what the policy learns does not carry over. Suspect reward "
+        "hacking or overfitting to the training prompts: compare training and held-out "
+        "samples, and keep the best checkpoint (eval.save_best)."
+    ),
     "nonfinite": (
         "The loss or gradients were non-finite on {steps} consecutive steps, so updates are "
         "skipped and training has stopped progressing. Lower the learning rate, use float32 "
