@@ -105,3 +105,25 @@ def test_bad_inputs_are_named():
         )
     with pytest.raises(ValueError, match="step_scores must be finite"):
         psgrpo_step_advantages([[float("nan")], [0.5]], outcome, ids * 0, mask, group_size=2)
+
+
+def test_dense_step_advantages_by_hand():
+    from rlvr.algorithms import dense_step_advantages
+
+    # one group of 3. Reply A: 3 tokens, steps [0, 0, 1] scored 0.5 and 0.8, outcome 1:
+    #   rewards [0, 0.5, 0.8 + 1] -> returns-to-go [2.3, 2.3, 1.8].
+    # Reply B: 2 tokens, one step scored 0.2, outcome 0: rewards [0, 0.2] -> returns [0.2, 0.2].
+    # Reply C: invalid (its reward failed): advantage 0, left out of the baseline.
+    # Baseline: mean total return of A and B = (2.3 + 0.2) / 2 = 1.25.
+    ids = torch.tensor([[0, 0, 1], [0, 0, -1], [0, 0, 0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = dense_step_advantages(
+        [[0.5, 0.8], [0.2], [0.9]],
+        torch.tensor([[1.0, 0.0, 1.0]]),
+        ids,
+        mask,
+        3,
+        valid=torch.tensor([[True, True, False]]),
+    )
+    expected = torch.tensor([[1.05, 1.05, 0.55], [-1.05, -1.05, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected)

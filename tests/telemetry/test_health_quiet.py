@@ -91,7 +91,6 @@ def test_planted_ratio_explosion_stops_a_real_run(tiny_model_dir, tmp_path) -> N
     one that sampled, so the second pass sees ratios of e^20 (the clamp). The gate stops the
     run at the first checked step and says why."""
     from reliability.runs import read_status, tiny_config
-
     from rlvr.telemetry import HealthStop
     from rlvr.training.trainer import Trainer
 

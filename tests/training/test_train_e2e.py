@@ -209,11 +209,12 @@ def test_psgrpo_reward_with_a_token_classification_prm(tiny_model_dir, tiny_prm_
             assert math.isfinite(m[k]), k
 
 
-def test_psgrpo_steps_objective_gives_token_advantages(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("objective", ["psgrpo_steps", "prm_dense"])
+def test_prm_objectives_give_token_advantages(objective, tiny_model_dir, tmp_path):
     cfg = tiny_config(
         tiny_model_dir,
         tmp_path,
-        "algo.objective=psgrpo_steps",
+        f"algo.objective={objective}",
         "algo.psgrpo.prm=toy_rewards:toy_prm",
         "algo.psgrpo.step_pattern='[a-z]'",
         "rollout.max_new_tokens=16",

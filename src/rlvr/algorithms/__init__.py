@@ -33,7 +33,7 @@ from rlvr.algorithms.maxent import (
     maxent_weights,
     sequence_logp,
 )
-from rlvr.algorithms.psgrpo import psgrpo_step_advantages
+from rlvr.algorithms.psgrpo import dense_step_advantages, psgrpo_step_advantages
 
 __all__ = [
     "AGG_MODES",
@@ -43,6 +43,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "active_groups",
+    "dense_step_advantages",
     "aggregate",
     "aggregate_denominator",
     "gae_advantages",

@@ -118,3 +118,53 @@ def psgrpo_step_advantages(
     step_term = torch.where(valid_tok, tok_score * gn_step[:, None], torch.zeros_like(tok_score))
     adv = (step_term + gn_outcome[:, None]) * m.to(dtype)
     return adv * valid_flat[:, None].to(dtype)
+
+
+@torch.no_grad()
+def dense_step_advantages(
+    step_scores: list[list[float]],
+    outcome: Tensor,
+    step_token_ids: Tensor,
+    mask: Tensor,
+    group_size: int,
+    *,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """Token advantages ``[N, T]`` from PRM step scores used as a dense reward (the per-token
+    mode beside PS-GRPO): each step's score is a reward on that step's last token, the outcome a
+    reward on the reply's last token; the advantage of a token is its return-to-go (gamma 1)
+    minus the group's mean total return over valid replies.
+
+    ``step_scores``, ``step_token_ids``, ``mask`` and ``valid`` as in
+    :func:`psgrpo_step_advantages`; ``mask`` must be a prefix mask (replies start at position 0).
+    An invalid reply gets advantage 0 and is left out of the baseline.
+    """
+    require_ndim("step_token_ids", step_token_ids, 2)
+    require_same_shape(step_token_ids=step_token_ids, mask=mask)
+    out2d = as_groups(outcome, group_size, "outcome")
+    n, width = step_token_ids.shape
+    if len(step_scores) != n or out2d.numel() != n:
+        raise ValueError(
+            f"row counts differ: len(step_scores)={len(step_scores)}, outcome has "
+            f"{out2d.numel()} elements, step_token_ids has {n} rows"
+        )
+    m = require_mask("mask", mask).to(float_dtype(outcome))
+    rewards = torch.zeros(n, width, dtype=m.dtype, device=step_token_ids.device)
+    for i, scores in enumerate(step_scores):
+        for j, score in enumerate(scores):
+            where = (step_token_ids[i] == j).nonzero()
+            if len(where):
+                rewards[i, int(where[-1])] += float(score)
+        last = int(m[i].sum()) - 1
+        if last >= 0:
+            rewards[i, last] += out2d.reshape(-1)[i]
+    returns = rewards.flip(-1).cumsum(-1).flip(-1) * m
+    keep = (
+        torch.ones(n, dtype=torch.bool, device=m.device)
+        if valid is None
+        else as_groups(valid, group_size, "valid").reshape(-1)
+    )
+    total = (returns[:, 0] * keep).view(-1, group_size)
+    counted = keep.view(-1, group_size).sum(-1).clamp(min=1)
+    baseline = (total.sum(-1) / counted).repeat_interleave(group_size)
+    return (returns - baseline[:, None]) * m * keep[:, None]

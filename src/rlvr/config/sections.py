@@ -130,7 +130,7 @@ class PPOConfig(Section):
 class PSGRPOStepsConfig(Section):
     prm: str | None = Field(
         None,
-        description="PRM for objective psgrpo_steps: token-classification model folder or 'pkg.mod:fn'.",
+        description="PRM for objectives psgrpo_steps and prm_dense: token-classification model folder or 'pkg.mod:fn'.",
     )
     step_pattern: str = Field(r"^Step \d+:", description="Regex (multiline) that starts a step.")
     answer_pattern: str = Field(r"^†Answer:", description="Regex of the final answer line.")

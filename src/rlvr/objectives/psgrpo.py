@@ -20,7 +20,7 @@ class PSGRPOSteps(Objective):
     def check(cls, cfg) -> list[str]:
         if not cfg.algo.psgrpo.prm:
             return [
-                "algo.objective=psgrpo_steps needs algo.psgrpo.prm (a PRM model folder or 'pkg.mod:fn')"
+                f"algo.objective={cls.name} needs algo.psgrpo.prm (a PRM model folder or 'pkg.mod:fn')"
             ]
         return []
 
