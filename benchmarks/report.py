@@ -6,6 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.seeds import render_over_seeds
+
 # Column order of the table (whatever the order of turns was); the rlvr sides differ only in
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
 SIDES = ("rlvr", "rlvr-vllm", "trl")
@@ -149,6 +151,8 @@ def render_markdown(payload: dict) -> str:
             ("... reached at step", lambda s: s.get("time_to_target_step"), "{:.0f}", False),
         ]
     lines += [_row(name, sides, get, fmt, ratio) for name, get, fmt, ratio in rows]
+    if "over_seeds" in payload:
+        lines += render_over_seeds(payload["over_seeds"], LABELS)
     lines += ["", *[f"- {n}" for n in payload.get("notes", [])]]
     return "\n".join(lines).rstrip() + "\n"
 

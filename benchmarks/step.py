@@ -26,6 +26,7 @@ from pathlib import Path
 from benchmarks.machine import load_average, machine_info, matmul_peak_flops
 from benchmarks.report import render_markdown, write_results
 from benchmarks.runner import REPO, Worker, alternate, worker_env
+from benchmarks.seeds import over_seeds, parse_seeds, plot_reward_vs_time
 from benchmarks.stats import side_ratios, summarize_side, time_to_target
 from benchmarks.trl_env import ensure_trl_env
 from benchmarks.vllm_env import DEFAULT_VENV as DEFAULT_VLLM_VENV
@@ -69,6 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma list of seeds (e.g. 0,1,2,3,4): the whole side-by-side run once per seed, "
+        "then steps and seconds to target as median [min-max] and a reward-vs-time plot",
+    )
     p.add_argument(
         "--sides",
         default=DEFAULT_SIDES,
@@ -157,6 +164,74 @@ def all_ratios(sides: dict[str, dict]) -> dict[str, dict]:
     return {s: side_ratios(sides[s]["summary"], trl) for s in RLVR_ENGINES if s in sides}
 
 
+def run_seed(
+    args: argparse.Namespace,
+    w,
+    steps: int,
+    block: int,
+    warmup: int,
+    pythons: dict,
+    work: Path,
+    model_dir: Path,
+    tokenizer,
+    seed: int,
+    peak: float,
+) -> tuple[dict, bool]:
+    """One side-by-side run with ``seed``: every side's result, and whether they saw the same
+    prompts."""
+    schedule = step_schedule(w, steps, tokenizer, seed)
+    workers: dict[str, Worker] = {}
+    try:
+        for side in args.sides:
+            spec = {
+                "model_dir": str(model_dir),
+                "prompts_per_step": w.prompts_per_step,
+                "group_size": w.group_size,
+                "max_new_tokens": w.max_new_tokens,
+                "micro_batch": w.micro_batch,
+                "lr": w.lr,
+                "steps": steps,
+                "seed": seed,
+                "threads": args.threads,
+                "work_dir": str(work / side),
+                "schedule": schedule,
+                "side": side,
+            }
+            if side in RLVR_ENGINES:
+                spec["engine"] = RLVR_ENGINES[side]
+            (work / side).mkdir(exist_ok=True)
+            spec_path = work / f"{side}-spec.json"
+            spec_path.write_text(json.dumps(spec))
+            argv_w, env = worker_command(side, pythons[side], spec_path, args.threads)
+            worker = Worker(side, argv_w, env, work / f"{side}.log").start()
+            workers[side] = worker
+            # one side at a time even while loading, so start-up times are not shared
+            worker.wait_ready(timeout_s=1800)
+            engine = worker.ready.get("engine")
+            print(
+                f"[bench] {side} ready after {worker.ready['startup_s']:.1f} s"
+                + (f" (rollout engine {engine})" if engine else ""),
+                flush=True,
+            )
+        alternate(
+            workers,
+            steps=steps,
+            block=block,
+            target=w.target_reward,
+            window=w.target_window,
+            block_timeout_s=args.block_timeout,
+            log=lambda msg: print(msg, flush=True),
+        )
+    finally:
+        for worker in workers.values():
+            worker.close()
+    sides = {
+        s: side_result(wk, warmup, peak, w.target_reward, w.target_window)
+        for s, wk in workers.items()
+    }
+    return sides, prompts_agree(workers, schedule)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -164,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         w = get_workload(args.workload)
         steps = args.steps if args.steps is not None else w.steps
         check_workload(w, steps)
+    except ValueError as exc:
+        print(f"[bench] {exc}", file=sys.stderr)
+        return 2
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
     except ValueError as exc:
         print(f"[bench] {exc}", file=sys.stderr)
         return 2
@@ -198,60 +278,22 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     model_dir = prepare_model(w.model, work)
-    schedule = step_schedule(w, steps, AutoTokenizer.from_pretrained(model_dir), args.seed)
-
-    workers: dict[str, Worker] = {}
-    try:
-        for side in args.sides:
-            spec = {
-                "model_dir": str(model_dir),
-                "prompts_per_step": w.prompts_per_step,
-                "group_size": w.group_size,
-                "max_new_tokens": w.max_new_tokens,
-                "micro_batch": w.micro_batch,
-                "lr": w.lr,
-                "steps": steps,
-                "seed": args.seed,
-                "threads": args.threads,
-                "work_dir": str(work / side),
-                "schedule": schedule,
-                "side": side,
-            }
-            if side in RLVR_ENGINES:
-                spec["engine"] = RLVR_ENGINES[side]
-            (work / side).mkdir(exist_ok=True)
-            spec_path = work / f"{side}-spec.json"
-            spec_path.write_text(json.dumps(spec))
-            argv_w, env = worker_command(side, pythons[side], spec_path, args.threads)
-            worker = Worker(side, argv_w, env, work / f"{side}.log").start()
-            workers[side] = worker
-            # one side at a time even while loading, so start-up times are not shared
-            worker.wait_ready(timeout_s=1800)
-            engine = worker.ready.get("engine")
-            print(
-                f"[bench] {side} ready after {worker.ready['startup_s']:.1f} s"
-                + (f" (rollout engine {engine})" if engine else ""),
-                flush=True,
-            )
-        alternate(
-            workers,
-            steps=steps,
-            block=block,
-            target=w.target_reward,
-            window=w.target_window,
-            block_timeout_s=args.block_timeout,
-            log=lambda msg: print(msg, flush=True),
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    peak = peaks["bfloat16"] * 1e9
+    per_seed: dict[str, dict] = {}
+    agree: list[bool] = []
+    for seed in seeds:
+        if len(seeds) > 1:
+            print(f"[bench] seed {seed}", flush=True)
+        seed_work = work if len(seeds) == 1 else work / f"seed{seed}"
+        seed_work.mkdir(parents=True, exist_ok=True)
+        per_seed[str(seed)], same = run_seed(
+            args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, peak
         )
-    finally:
-        for worker in workers.values():
-            worker.close()
+        agree.append(same)
     load_end = load_average()
 
-    peak = peaks["bfloat16"] * 1e9
-    sides = {
-        s: side_result(wk, warmup, peak, w.target_reward, w.target_window)
-        for s, wk in workers.items()
-    }
+    sides = per_seed[str(seeds[0])]
     notes = [
         "Training FLOPs = 6 x body parameters x (prompt + completion tokens) + 6 x LM-head "
         "parameters x completion tokens, real tokens only; achieved FLOP/s divides by the update "
@@ -266,11 +308,13 @@ def main(argv: list[str] | None = None) -> int:
             "absolute times are noisy; the ratios are fairer since the sides alternate."
         )
     if w.target_reward is not None:
-        for s, res in sides.items():
-            if res["summary"].get("time_to_target_s") is None:
-                notes.append(
-                    f"{s} did not reach the target within {len(res['steps'])} steps (capped run)."
-                )
+        for seed, runs in per_seed.items():
+            for s, res in runs.items():
+                if res["summary"].get("time_to_target_s") is None:
+                    notes.append(
+                        f"{s} (seed {seed}) did not reach the target within "
+                        f"{len(res['steps'])} steps (capped run)."
+                    )
     payload = {
         "date": time.strftime("%Y-%m-%d"),
         "time": time.strftime("%H:%M:%S"),
@@ -281,19 +325,27 @@ def main(argv: list[str] | None = None) -> int:
         "steps": steps,
         "warmup": warmup,
         "block": block,
-        "seed": args.seed,
+        "seed": seeds[0],
         "threads": args.threads,
         "machine": machine_info(),
         "load_average_start": list(load_start),
         "load_average_end": list(load_end),
         "matmul_peak_gflops": peaks,
-        "prompts_match": prompts_agree(workers, schedule),
+        "prompts_match": all(agree),
         "work_dir": str(work),
         "sides": sides,
         "ratios": all_ratios(sides),
         "notes": notes,
     }
+    if len(seeds) > 1:
+        payload.update(seeds=seeds, per_seed=per_seed, over_seeds=over_seeds(per_seed))
     js, md = write_results(args.out, payload)
+    if len(seeds) > 1:
+        png = plot_reward_vs_time(
+            per_seed, js.with_suffix(".png"), w.target_window, w.target_reward
+        )
+        with open(md, "a") as f:
+            f.write(f"\n![training reward against wall time, every run]({png.name})\n")
     print(render_markdown(payload))
     print(f"[bench] wrote {js} and {md}", flush=True)
     return 0

@@ -1,0 +1,128 @@
+"""Several seeds per side: time to target as a distribution, not one run.
+
+One run per side says nothing about sample efficiency (a lucky or unlucky seed moves the step
+at which the reward reaches the target by more than most speed-ups), so ``--seeds 0,1,2,3,4``
+repeats the whole side-by-side run per seed. This file summarises the runs per side (median and
+range of steps and seconds to target, of the median step time) and plots the rolling-mean reward
+of every run against its wall time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.stats import quartiles, rolling_mean
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` -> ``[0, 1, 2]``; ValueError naming the bad item or a repeated seed."""
+    seeds = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        try:
+            seeds.append(int(item))
+        except ValueError:
+            raise ValueError(f"--seeds={text!r}: {item!r} is not an integer") from None
+    if not seeds:
+        raise ValueError(f"--seeds={text!r}: no seed given")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"--seeds={text!r}: a seed is given twice")
+    return seeds
+
+
+def spread(values: Sequence[float | None]) -> dict:
+    """Median, min, max of the values that exist, how many did not (None: target not reached),
+    and the values themselves in seed order."""
+    got = [float(v) for v in values if v is not None]
+    out: dict = {"values": list(values), "missing": len(values) - len(got)}
+    if got:
+        out.update(median=quartiles(got)[1], min=min(got), max=max(got))
+    else:
+        out.update(median=None, min=None, max=None)
+    return out
+
+
+def over_seeds(per_seed: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """``{side: spreads}`` from ``{seed: {side: side_result}}`` (``side_result`` as step.py
+    builds it: a ``summary`` dict)."""
+    sides: list[str] = []
+    for runs in per_seed.values():
+        sides += [s for s in runs if s not in sides]
+    out = {}
+    for side in sides:
+        summaries = [runs[side]["summary"] for runs in per_seed.values() if side in runs]
+        out[side] = {
+            "runs": len(summaries),
+            "steps_to_target": spread([s.get("time_to_target_step") for s in summaries]),
+            "seconds_to_target": spread([s.get("time_to_target_s") for s in summaries]),
+            "step_time_median_s": spread([s["step_time_median_s"] for s in summaries]),
+        }
+    return out
+
+
+def _cell(sp: dict, fmt: str) -> str:
+    if sp["median"] is None:
+        return f"not reached ({sp['missing']} of {len(sp['values'])})"
+    text = f"{fmt.format(sp['median'])} [{fmt.format(sp['min'])}-{fmt.format(sp['max'])}]"
+    return text + (f", {sp['missing']} not reached" if sp["missing"] else "")
+
+
+def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str]:
+    """Markdown lines: one row per figure, one column per side, ``median [min-max]``."""
+    sides = list(over)
+    runs = ", ".join(f"{labels.get(s, s)}: {over[s]['runs']} runs" for s in sides)
+    lines = [
+        "",
+        f"Over seeds ({runs}); median [min-max]:",
+        "",
+        "| figure | " + " | ".join(labels.get(s, s) for s in sides) + " |",
+        "|---|" + "---|" * len(sides),
+    ]
+    for name, key, fmt in (
+        ("steps to target", "steps_to_target", "{:.0f}"),
+        ("seconds to target", "seconds_to_target", "{:.0f}"),
+        ("step time, median (s)", "step_time_median_s", "{:.2f}"),
+    ):
+        lines.append(f"| {name} | " + " | ".join(_cell(over[s][key], fmt) for s in sides) + " |")
+    return lines
+
+
+def plot_reward_vs_time(
+    per_seed: dict[str, dict[str, dict]], path: Path, window: int, target: float | None
+) -> Path:
+    """One line per run (colour per side, one line per seed): the ``window``-step rolling mean
+    training reward against the wall time of the steps so far."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    colours: dict[str, str] = {}
+    for seed, runs in per_seed.items():
+        for side, res in runs.items():
+            steps = res["steps"]
+            t, times = 0.0, []
+            for r in steps:
+                t += float(r["wall_s"])
+                times.append(t)
+            rolled = rolling_mean([float(r["reward_mean"]) for r in steps], window)
+            pts = [(x, y) for x, y in zip(times, rolled, strict=True) if y is not None]
+            if not pts:
+                continue
+            label = side if side not in colours else None
+            (line,) = ax.plot(*zip(*pts, strict=True), color=colours.get(side), label=label, lw=1)
+            colours.setdefault(side, line.get_color())
+            ax.annotate(f"s{seed}", pts[-1], fontsize=7, color=colours[side])
+    if target is not None:
+        ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target}")
+    ax.set_xlabel("wall time of the steps (s)")
+    ax.set_ylabel(f"training reward, {window}-step mean")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
