@@ -119,7 +119,7 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
     datasets.DatasetDict({"train": ds, "test": test}).save_to_disk(str(tmp_path / "dd"))
     rows = load_rows(tmp_path / "dd", prompt_field="q", answer_field="a", split="test")
     assert [(r["prompt"], r["answer"], r["_source"]) for r in rows] == [("c?", "3", "dd/test:0")]
-    with pytest.raises(DataError, match=r"DatasetDict: pass split= \(one of: test, train\)"):
+    with pytest.raises(DataError, match=r"several splits: pass split= .*\(one of: test, train\)"):
         load_rows(tmp_path / "dd", prompt_field="q", answer_field="a")
     with pytest.raises(DataError, match=r"unknown split 'dev'; known: test, train"):
         load_rows(tmp_path / "dd", prompt_field="q", answer_field="a", split="dev")
@@ -127,7 +127,7 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
 
 def test_folder_that_is_not_a_dataset(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
-    with pytest.raises(DataError, match=r"plain: a folder must be saved by datasets"):
+    with pytest.raises(DataError, match=r"plain: cannot be read .*doesn't contain any data files"):
         load_rows(tmp_path / "plain")
 
 

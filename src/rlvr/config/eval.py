@@ -156,6 +156,9 @@ class EvalSetConfig(Section):
     seed: int = Field(0, description="Seed of a generated `task` set.")
     prompt_field: str | None = Field(None, description="Default: data.prompt_field.")
     answer_field: str | None = Field(None, description="Default: data.answer_field.")
+    answer_extract: Literal["none", "gsm8k", "boxed"] | None = Field(
+        None, description="Default: data.answer_extract."
+    )
     max_problems: int | None = Field(None, gt=0, description="Default: eval.max_problems.")
     modes: list[str] | None = Field(
         None, description="Kinds from eval.modes to run on this set (default: all of them)."

@@ -35,6 +35,7 @@ def set_rows(
             answer_field=set_cfg.answer_field or cfg.data.answer_field,
             system_prompt=cfg.data.system_prompt,
             limit=limit,
+            answer_extract=set_cfg.answer_extract or cfg.data.answer_extract,
         )
     elif set_cfg.task is not None:
         from rlvr.data.tasks import task_rows

@@ -60,13 +60,18 @@ def _load_tokenizer(cfg: Config, unchecked: list[str]):
 
 def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
+    from rlvr.data.hub import HubUnreachable
     from rlvr.data.templates import render_rows
     from rlvr.training.policy import model_context_length
     from rlvr.training.run_setup import load_rows_for
 
     problems = cfg.problems()
     unchecked: list[str] = []
-    train, evals = load_rows_for(cfg)
+    try:
+        train, evals = load_rows_for(cfg)
+    except HubUnreachable as exc:  # offline: the plan is still printed, the data is not checked
+        train, evals = [], []
+        unchecked.append(f"data not read: {exc}")
     a, t, d = cfg.algo, cfg.train, cfg.data
     sequences = cfg.rollout_batch_sequences()
     path, tokenizer = _load_tokenizer(cfg, unchecked)
@@ -131,7 +136,8 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         f"model: {cfg.model.name_or_path} (weights not loaded)",
         f"objective: {cfg.algo.objective}",
         f"data: {source}; template {d.template}",
-        f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}",
+        f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
+        + (" (data not read)" if plan.train_rows == 0 else ""),
         f"example prompt ({tokens}):",
         *("  | " + line for line in plan.example_prompt.splitlines() or [""]),
     ]
