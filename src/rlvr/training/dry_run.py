@@ -61,6 +61,7 @@ def _load_tokenizer(cfg: Config, unchecked: list[str]):
 def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
     from rlvr.data.hub import HubUnreachable
+    from rlvr.data.loaders import DataError
     from rlvr.data.templates import render_rows
     from rlvr.training.policy import model_context_length
     from rlvr.training.run_setup import load_rows_for
@@ -72,6 +73,10 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     except HubUnreachable as exc:  # offline: the plan is still printed, the data is not checked
         train, evals = [], []
         unchecked.append(f"data not read: {exc}")
+    except DataError as exc:  # a missing local folder is already a problem; print the rest
+        train, evals = [], []
+        if not any(p.startswith(("data.train_path", "data.eval_path")) for p in problems):
+            problems.append(f"data not read: {exc}")
     a, t, d = cfg.algo, cfg.train, cfg.data
     sequences = cfg.rollout_batch_sequences()
     path, tokenizer = _load_tokenizer(cfg, unchecked)
