@@ -186,7 +186,8 @@ def test_missing_answer_field(tmp_path: Path) -> None:
             r"line 2: prompt field 'prompt' must be a string, got int",
         ),
         ('{"prompt": "a?", "answer": ""}', r"line 2: answer field 'answer' is empty"),
-        ('{"prompt": "a?", "answer": [1]}', r"answer field 'answer' must be a string or number"),
+        # a one-item list is its item (OlympiadBench final_answer); longer lists are not
+        ('{"prompt": "a?", "answer": [1, 2]}', r"answer field 'answer' must be a string or number"),
         ('{"prompt": "a?", "answer": true}', r"answer field 'answer' .* got bool"),
         ('["a?", "1"]', r"line 2: expected an object, got list"),
     ],

@@ -258,6 +258,8 @@ def _answer_to_str(raw: Any, answer_field: str) -> str:
     """
     if isinstance(raw, str):
         return raw.strip()
+    if isinstance(raw, list) and len(raw) == 1:  # e.g. OlympiadBench's final_answer: ["$x$"]
+        return _answer_to_str(raw[0], answer_field)
     if isinstance(raw, bool):  # bool is an int subclass; True is not a reference answer
         raise _BadRecord(
             "wrong_type", f"answer field {answer_field!r} must be a string or number, got bool"
