@@ -77,6 +77,8 @@ def test_recipe_validates(path: Path) -> None:
             "(a hub dataset is written hf:owner/name?split=...)"
         ]
     assert cfg.problems() == expected
+    for s in cfg.eval.sets:  # every eval set has rows: a data path or a named benchmark's
+        assert s.resolved().path is not None, s.name
 
 
 @pytest.fixture
