@@ -157,11 +157,11 @@ def load_rows_with_report(
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
-    from rlvr.data.hub import extract_reference, parse_source, read_dataset_records
+    from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
 
     src = parse_source(path, split)
-    if answer_extract not in ("none", "gsm8k", "boxed"):
-        raise ValueError(f"answer_extract must be none, gsm8k or boxed, got {answer_extract!r}")
+    if answer_extract not in ANSWER_EXTRACT:
+        raise ValueError(f"answer_extract must be one of {ANSWER_EXTRACT}, got {answer_extract!r}")
     report = LoadReport(path=str(path))
     rows: list[dict] = []
     source_name = src.name
