@@ -156,7 +156,7 @@ def swap_to_tiny(path: Path, model_dir: Path, tmp_path: Path) -> dict[str, Any]:
         if "prm" in spec.get("kwargs", {}):
             spec["kwargs"].update(prm="toy_rewards:toy_prm", device="cpu", min_steps=0)
             spec["kwargs"]["step_pattern"] = "[a-z]"
-    t.update(max_steps=1, output_dir=str(tmp_path / "runs"), save_every=0)
+    t.update(max_steps=1, warmup_steps=0, output_dir=str(tmp_path / "runs"), save_every=0)
     data["eval"] = {"before_after": False, "every": 0}
     data["logging"] = {"progress": False, "samples_every": 0}
     return data
