@@ -183,3 +183,24 @@ def test_dry_run_offline_with_a_hub_id_says_what_it_did_not_check(
     assert "train rows: 0; eval rows: 0 (data not read)" in out
     assert "not checked: data not read: hub dataset 'no-such-owner/no-such-set'" in out
     assert out.rstrip().endswith("dry run OK: nothing was trained")
+
+
+def test_training_on_an_unreachable_hub_id_is_one_error_line(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlvr.cli import main
+
+    argv = [
+        "train",
+        f"model.name_or_path={tiny_model_dir}",
+        "data.task=file",
+        "data.train_path=hf:no-such-owner/no-such-set?split=train",
+        "data.template=none",
+        "logging.progress=false",
+        f"train.output_dir={tmp_path / 'runs'}",
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("rlvr: ") == 1 and "Traceback" not in err
+    assert "hub dataset 'no-such-owner/no-such-set' could not be loaded" in err
+    assert "HF_HUB_OFFLINE=1" in err
