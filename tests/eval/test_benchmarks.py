@@ -237,3 +237,10 @@ def test_rlvr_eval_named_sets_prints_one_table(
     results = json.loads(out_file.read_text())["results"]
     assert sorted(results) == ["gsm8k", "math500"]
     assert [repo for repo, _ in fake_hub] == ["HuggingFaceH4/MATH-500", "openai/gsm8k"]
+
+
+def test_an_unknown_set_grader_is_a_config_problem() -> None:
+    cfg = load_config(None, ["eval.sets=[{name: math500, grader: maths}]"])
+    problems = cfg.problems()
+    assert len(problems) == 1
+    assert problems[0].startswith("eval.sets[0] (math500).grader: reward spec 'maths': unknown")

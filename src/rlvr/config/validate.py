@@ -60,6 +60,11 @@ def problems(cfg: Config) -> list[str]:
     for i, es in enumerate(cfg.eval.sets):
         if es.path and (why := missing_local(es.path)):
             out.append(f"eval.sets[{i}] ({es.name}): {why}")
+        if es.grader is not None:
+            try:
+                validate_reward_spec({"name": es.grader})
+            except ValueError as exc:
+                out.append(f"eval.sets[{i}] ({es.name}).grader: {exc}")
     if cfg.data.task not in TASKS:
         out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
     for i, spec in enumerate(cfg.reward.specs):
