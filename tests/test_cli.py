@@ -75,7 +75,7 @@ def bad_train(capsys: pytest.CaptureFixture[str], out: Path, *overrides: str) ->
 def test_missing_dataset_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "train.jsonl"
     err = bad_train(capsys, tmp_path / "runs", "data.task=file", f"data.train_path={missing}")
-    assert f"data file {missing} does not exist" in err
+    assert f"data.train_path: {missing}: no such file or folder" in err
 
 
 def test_row_without_the_prompt_field_names_file_line_and_field(

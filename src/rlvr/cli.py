@@ -12,6 +12,7 @@ examples:
   rlvr train                                    # Dr.GRPO on the built-in arithmetic task, default model
   rlvr train -c run.yaml algo.group_size=4 train.lr=2e-6
   rlvr train algo.objective=maxent_listwise algo.maxent.tau=0.5
+  rlvr train -c run.yaml --dry-run              # the plan, checked; no weights loaded
   rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
   rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
   rlvr preflight -c run.yaml                    # the LR schedule the run will use, and its checks
@@ -44,6 +45,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlvr.training.trainer import Trainer
 
     cfg = _train_config(args)
+    if args.dry_run:
+        from rlvr.training.dry_run import run_dry
+
+        return run_dry(cfg)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         cfg.validate()  # fail here, not once per spawned process (setup_run validates otherwise)
         return _relaunch_with_torchrun(args.nproc)
@@ -193,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="train with N processes on this machine (shortcut for torchrun --nproc-per-node N -m rlvr train)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config, resolve the data, print the plan (steps, samples, tokens, "
+        "LR schedule) and exit without loading model weights",
     )
     p.set_defaults(func=cmd_train)
 

@@ -119,7 +119,7 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
     datasets.DatasetDict({"train": ds, "test": test}).save_to_disk(str(tmp_path / "dd"))
     rows = load_rows(tmp_path / "dd", prompt_field="q", answer_field="a", split="test")
     assert [(r["prompt"], r["answer"], r["_source"]) for r in rows] == [("c?", "3", "dd/test:0")]
-    with pytest.raises(DataError, match=r"DatasetDict: pass split= \(one of: test, train\)"):
+    with pytest.raises(DataError, match=r"several splits: pass split= .*\(one of: test, train\)"):
         load_rows(tmp_path / "dd", prompt_field="q", answer_field="a")
     with pytest.raises(DataError, match=r"unknown split 'dev'; known: test, train"):
         load_rows(tmp_path / "dd", prompt_field="q", answer_field="a", split="dev")
@@ -127,7 +127,7 @@ def test_save_to_disk_dataset_and_dataset_dict(tmp_path: Path) -> None:
 
 def test_folder_that_is_not_a_dataset(tmp_path: Path) -> None:
     (tmp_path / "plain").mkdir()
-    with pytest.raises(DataError, match=r"plain: a folder must be saved by datasets"):
+    with pytest.raises(DataError, match=r"plain: cannot be read .*doesn't contain any data files"):
         load_rows(tmp_path / "plain")
 
 
@@ -186,7 +186,8 @@ def test_missing_answer_field(tmp_path: Path) -> None:
             r"line 2: prompt field 'prompt' must be a string, got int",
         ),
         ('{"prompt": "a?", "answer": ""}', r"line 2: answer field 'answer' is empty"),
-        ('{"prompt": "a?", "answer": [1]}', r"answer field 'answer' must be a string or number"),
+        # a one-item list is its item (OlympiadBench final_answer); longer lists are not
+        ('{"prompt": "a?", "answer": [1, 2]}', r"answer field 'answer' must be a string or number"),
         ('{"prompt": "a?", "answer": true}', r"answer field 'answer' .* got bool"),
         ('["a?", "1"]', r"line 2: expected an object, got list"),
     ],

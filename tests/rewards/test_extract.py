@@ -107,3 +107,14 @@ def test_clean_latex_keeps_spaces_for_the_parser() -> None:
 )
 def test_parse_number(text: str, value: Fraction | None) -> None:
     assert parse_number(text) == value
+
+
+def test_reference_helpers_for_dataset_solutions() -> None:
+    from rlvr.rewards.extract import gsm8k_answer, last_boxed
+
+    assert gsm8k_answer("3 + 4 = <<3+4=7>>7\n#### 7") == "7"
+    assert gsm8k_answer("#### 1\nthen\n####  1,250 ") == "1,250"  # the last marker, stripped
+    assert gsm8k_answer("no marker 5") is None and gsm8k_answer("#### ") is None
+    assert last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{3} then \\boxed{4") == "3"  # an unclosed box is skipped
+    assert last_boxed("no box") is None

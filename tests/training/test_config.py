@@ -75,7 +75,7 @@ def test_bad_value_names_field_and_value():
         (["data.task=file"], "data.task=file needs data.train_path"),
         (
             ["data.task=file", "data.train_path=/nonexistent/x.jsonl"],
-            "/nonexistent/x.jsonl does not exist",
+            "data.train_path: /nonexistent/x.jsonl: no such file or folder",
         ),
         (["algo.loss_agg=mean"], "algo.loss_agg='mean' is unknown"),
     ],

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from rlvr.config.base import Section
+from rlvr.config.benchmarks import BENCHMARKS
 
 HELDOUT = "heldout"
 DEFAULT_SAMPLING_K = 8
@@ -136,7 +137,8 @@ class EvalModeConfig(Section):
 class EvalSetConfig(Section):
     """One named evaluation set; its rows come from exactly one of path, split or task.
 
-    With none of them the set must be named ``heldout`` and is the run's held-out split.
+    With none of them the set must be named ``heldout`` (the run's held-out split) or a standard
+    benchmark of `rlvr.config.benchmarks` (math500, aime24, ...: its hub rows, fields and grader).
     """
 
     name: str = Field(
@@ -156,7 +158,15 @@ class EvalSetConfig(Section):
     seed: int = Field(0, description="Seed of a generated `task` set.")
     prompt_field: str | None = Field(None, description="Default: data.prompt_field.")
     answer_field: str | None = Field(None, description="Default: data.answer_field.")
+    answer_extract: Literal["none", "gsm8k", "boxed"] | None = Field(
+        None, description="Default: data.answer_extract."
+    )
     max_problems: int | None = Field(None, gt=0, description="Default: eval.max_problems.")
+    grader: str | None = Field(
+        None,
+        description="Built-in reward that grades this set (e.g. math, gsm8k); default: a named "
+        "benchmark's own, else the run's reward.specs.",
+    )
     modes: list[str] | None = Field(
         None, description="Kinds from eval.modes to run on this set (default: all of them)."
     )
@@ -174,20 +184,39 @@ class EvalSetConfig(Section):
             raise ValueError(
                 f"eval set {self.name!r}: give one of path, split or task, not {' and '.join(given)}"
             )
-        if not given and self.name != HELDOUT:
+        if not given and self.name != HELDOUT and self.name not in BENCHMARKS:
+            close = difflib.get_close_matches(self.name, list(BENCHMARKS), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"eval set {self.name!r} has no rows: give path, split or task "
-                f"(only the set named {HELDOUT!r} defaults to the held-out split)"
+                f"eval set {self.name!r} has no rows{hint}: give path, split or task, or name a "
+                f"standard benchmark ({', '.join(BENCHMARKS)}); the set named {HELDOUT!r} is the "
+                "held-out split"
             )
         if self.task_kwargs and self.task is None:
             raise ValueError(f"eval set {self.name!r}: task_kwargs given without task")
         return self
 
+    def resolved(self) -> EvalSetConfig:
+        """This set with a named benchmark's path, fields, answer format and grader filled in
+        (values given in the set win); other sets unchanged."""
+        bench = BENCHMARKS.get(self.name)
+        if bench is None or any(getattr(self, k) is not None for k in ("split", "task")):
+            return self
+        return self.model_copy(
+            update={
+                "path": self.path or bench.path,
+                "prompt_field": self.prompt_field or bench.prompt_field,
+                "answer_field": self.answer_field or bench.answer_field,
+                "answer_extract": self.answer_extract or bench.answer_extract,
+                "grader": self.grader or bench.grader,
+            }
+        )
+
     @property
     def source(self) -> str:
         """A short description of where the rows come from, for messages."""
-        if self.path is not None:
-            return f"file {self.path}"
+        if self.path is not None or self.name in BENCHMARKS:
+            return f"data {self.resolved().path}"
         if self.task is not None:
             return f"task {self.task} {self.task_kwargs or ''}".strip()
         return f"{self.split or HELDOUT} split"

@@ -62,10 +62,19 @@ class DataConfig(Section):
     num_eval: int = Field(
         100, gt=0, description="Rows generated for a built-in task's held-out split."
     )
-    train_path: str | None = None
-    eval_path: str | None = None
+    train_path: str | None = Field(
+        None,
+        description="A .jsonl/.json/.csv/.parquet file, a dataset folder (hub layout or "
+        "save_to_disk) or a hub id 'hf:owner/name?config=C&split=S&revision=R' (rlvr.data.hub).",
+    )
+    eval_path: str | None = Field(None, description="Held-out rows; the same forms as train_path.")
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    answer_extract: Literal["none", "gsm8k", "boxed"] = Field(
+        "none",
+        description="Reference answer inside answer_field: none (as is), gsm8k (after '#### '), "
+        "boxed (the last \\boxed{} of a solution).",
+    )
     system_prompt: str | None = None
     template: Literal["chat", "r1", "qwen_math", "none"] = Field(
         "chat", description="How a problem becomes the text the model sees."

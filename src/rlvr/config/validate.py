@@ -8,7 +8,6 @@ objectives (and torch) when called, never when `rlvr.config` is imported.
 from __future__ import annotations
 
 import difflib
-from pathlib import Path
 
 from rlvr.config.sections import Config
 
@@ -18,6 +17,7 @@ TASKS = ("arithmetic", "countdown", "file")
 def problems(cfg: Config) -> list[str]:
     """Every contradiction in ``cfg`` (an empty list when it can run)."""
     from rlvr.algorithms import AGG_MODES
+    from rlvr.data.hub import missing_local
     from rlvr.objectives import OBJECTIVES
     from rlvr.rewards.runner import validate_reward_spec
 
@@ -51,12 +51,20 @@ def problems(cfg: Config) -> list[str]:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:
         out.append("data.task=file needs data.train_path")
-    for p in (cfg.data.train_path, cfg.data.eval_path):
-        if p and not Path(p).exists():
-            out.append(f"data file {p} does not exist")
+    for key, p in (
+        ("data.train_path", cfg.data.train_path),
+        ("data.eval_path", cfg.data.eval_path),
+    ):
+        if p and (why := missing_local(p)):
+            out.append(f"{key}: {why}")
     for i, es in enumerate(cfg.eval.sets):
-        if es.path and not Path(es.path).exists():
-            out.append(f"eval.sets[{i}] ({es.name}): file {es.path} does not exist")
+        if es.path and (why := missing_local(es.path)):
+            out.append(f"eval.sets[{i}] ({es.name}): {why}")
+        if es.grader is not None:
+            try:
+                validate_reward_spec({"name": es.grader})
+            except ValueError as exc:
+                out.append(f"eval.sets[{i}] ({es.name}).grader: {exc}")
     if cfg.data.task not in TASKS:
         out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
     for i, spec in enumerate(cfg.reward.specs):

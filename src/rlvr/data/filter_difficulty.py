@@ -156,6 +156,7 @@ def cmd_filter_difficulty(args: argparse.Namespace) -> int:
         prompt_field=cfg.data.prompt_field,
         answer_field=cfg.data.answer_field,
         system_prompt=cfg.data.system_prompt,
+        answer_extract=cfg.data.answer_extract,
     )
     r = cfg.rollout
     params = SamplingParams(

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
-KNOWN_FORMATS = (".jsonl", ".json", ".csv", ".parquet", "a folder saved by datasets.save_to_disk")
+KNOWN_FORMATS = (".jsonl", ".json", ".csv", ".parquet", "a dataset folder", "hf:owner/name")
 
 
 class DataError(ValueError):
@@ -102,6 +102,7 @@ def load_rows(
     on_bad_row: Literal["error", "skip"] = "error",
     limit: int | None = None,
     split: str | None = None,
+    answer_extract: str = "none",
 ) -> list[dict]:
     """Load and normalise rows; log a one-line summary. See `load_rows_with_report` for arguments."""
     rows, report = load_rows_with_report(
@@ -113,6 +114,7 @@ def load_rows(
         on_bad_row=on_bad_row,
         limit=limit,
         split=split,
+        answer_extract=answer_extract,
     )
     logger.log(logging.WARNING if report.skipped else logging.INFO, report.summary())
     return rows
@@ -128,19 +130,21 @@ def load_rows_with_report(
     on_bad_row: Literal["error", "skip"] = "error",
     limit: int | None = None,
     split: str | None = None,
+    answer_extract: str = "none",
 ) -> tuple[list[dict], LoadReport]:
     """Load rows from `path` and report what was kept and skipped.
 
     Args:
-        path: a .jsonl, .json (a list of objects), .csv or .parquet file, or a folder written by
-            `datasets.Dataset.save_to_disk` / `DatasetDict.save_to_disk` (then `split` is required).
+        path: a .jsonl, .json (a list of objects), .csv or .parquet file, a dataset folder (hub
+            layout or save_to_disk) or a hub id ``hf:owner/name?split=...`` (`rlvr.data.hub`).
         prompt_field: field holding the problem text; copied to `row["prompt"]`.
         answer_field: field holding the reference answer; copied to `row["answer"]` as a string.
         system_prompt: when given, stored as `row["system_prompt"]` on every row.
         require_answer: when False a missing answer becomes "" instead of a bad row.
         on_bad_row: "error" raises DataError at the first bad record; "skip" counts and skips it.
         limit: stop after this many good rows.
-        split: the split to read from a DatasetDict folder.
+        split: the split to read from a dataset folder or hub id (when the path names none).
+        answer_extract: none, gsm8k ('#### x') or boxed (last \\boxed{}) of the answer field.
 
     Raises:
         DataError: missing or unreadable input, a bad record (in "error" mode), or no usable rows.
@@ -153,11 +157,16 @@ def load_rows_with_report(
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
-    path = Path(path)
+    from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
+
+    src = parse_source(path, split)
+    if answer_extract not in ANSWER_EXTRACT:
+        raise ValueError(f"answer_extract must be one of {ANSWER_EXTRACT}, got {answer_extract!r}")
     report = LoadReport(path=str(path))
     rows: list[dict] = []
-    source_name = path.name if split is None else f"{path.name}/{split}"
-    for record in _read_records(path, split):
+    source_name = src.name
+    records = _read_file(Path(path)) if src.kind == "file" else read_dataset_records(src)
+    for record in records:
         report.records_read += 1
         source = f"{source_name}:{record.number}"
         try:
@@ -166,6 +175,8 @@ def load_rows_with_report(
             row = _normalise(
                 record.value, prompt_field, answer_field, require_answer, system_prompt
             )
+            if row["answer"]:
+                row["answer"] = extract_reference(row["answer"], answer_extract, answer_field)
         except _BadRecord as bad:
             message = f"{path} {record.where}: {bad.message}"
             if on_bad_row == "error":
@@ -247,6 +258,8 @@ def _answer_to_str(raw: Any, answer_field: str) -> str:
     """
     if isinstance(raw, str):
         return raw.strip()
+    if isinstance(raw, list) and len(raw) == 1:  # e.g. OlympiadBench's final_answer: ["$x$"]
+        return _answer_to_str(raw[0], answer_field)
     if isinstance(raw, bool):  # bool is an int subclass; True is not a reference answer
         raise _BadRecord(
             "wrong_type", f"answer field {answer_field!r} must be a string or number, got bool"
@@ -266,14 +279,8 @@ def _answer_to_str(raw: Any, answer_field: str) -> str:
 # --------------------------------------------------------------------------- readers
 
 
-def _read_records(path: Path, split: str | None) -> Iterator[_Record]:
-    """Pick the reader by suffix (or folder) and check that the input exists."""
-    if not path.exists():
-        raise DataError(f"{path}: no such file or folder")
-    if path.is_dir():
-        return _read_hf_folder(path, split)
-    if split is not None:
-        raise DataError(f"{path}: split={split!r} applies only to a DatasetDict folder")
+def _read_file(path: Path) -> Iterator[_Record]:
+    """Pick the reader of a local file by its suffix."""
     readers = {
         ".jsonl": _read_jsonl,
         ".json": _read_json,
@@ -374,29 +381,3 @@ def _read_parquet(path: Path) -> Iterator[_Record]:
         for value in batch.to_pylist():
             yield _Record(index, f"row {index}", value)
             index += 1
-
-
-def _read_hf_folder(path: Path, split: str | None) -> Iterator[_Record]:
-    import datasets
-
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except FileNotFoundError:
-        raise DataError(
-            f"{path}: a folder must be saved by datasets' save_to_disk "
-            f"(no dataset_info.json / dataset_dict.json found); known formats: "
-            f"{', '.join(KNOWN_FORMATS)}"
-        ) from None
-    if isinstance(loaded, datasets.DatasetDict):
-        known = ", ".join(sorted(loaded))
-        if split is None:
-            raise DataError(f"{path} is a DatasetDict: pass split= (one of: {known})")
-        if split not in loaded:
-            raise DataError(f"{path}: unknown split {split!r}; known: {known}")
-        dataset = loaded[split]
-    else:
-        if split is not None:
-            raise DataError(f"{path} is a single Dataset; split={split!r} applies to DatasetDict")
-        dataset = loaded
-    for index, value in enumerate(dataset):
-        yield _Record(index, f"row {index}", value)

@@ -133,6 +133,7 @@ def _offline_sets(args: argparse.Namespace, cfg) -> list:
             answer_field=cfg.data.answer_field,
             system_prompt=cfg.data.system_prompt,
             limit=cfg.eval.max_problems,
+            answer_extract=cfg.data.answer_extract,
         )
         modes = tuple(cfg.eval.modes)
         return [EvalSet(args.name or Path(args.data).stem, rows, modes)]

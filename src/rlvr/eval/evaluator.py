@@ -161,6 +161,7 @@ class EvalSet:
     name: str
     rows: list[dict]
     modes: tuple[EvalModeConfig, ...]
+    grader: str | None = None  # a built-in reward for this set; None: the run's rewards
 
 
 @dataclass
@@ -207,31 +208,61 @@ def evaluate_sets(
     batch_size: int = 0,
     provenance: dict | None = None,
 ) -> EvalOutcome:
-    """Every mode of every set through `evaluate()`; the one entry point of both evaluators."""
+    """Every mode of every set through `evaluate()`; the one entry point of both evaluators.
+
+    A set with its own ``grader`` is scored by that built-in reward (a runner made here and
+    closed at the end) unless ``rewards`` is already exactly that reward.
+    """
     outcome = EvalOutcome(provenance=dict(provenance or {}))
-    for eval_set in sets:
-        if not eval_set.rows:
-            raise ValueError(f"eval set {eval_set.name!r} has no rows")
-        outcome.results[eval_set.name] = {}
-        outcome.records[eval_set.name] = {}
-        outcome.modes[eval_set.name] = [m.describe() for m in eval_set.modes]
-        for mode in eval_set.modes:
-            scores, records = evaluate(
+    own: dict[str, object] = {}
+    try:
+        for eval_set in sets:
+            runner = _runner_for(eval_set.grader, rewards, own)
+            _evaluate_set(
+                outcome,
                 engine,
                 tokenizer,
-                eval_set.rows,
-                rewards,
+                eval_set,
+                runner,
                 template=template,
                 system_prompt=system_prompt,
-                mode=mode,
                 max_new_tokens=max_new_tokens,
                 stop=stop,
                 seed=seed,
                 batch_size=batch_size,
             )
-            outcome.results[eval_set.name].update(scores)
-            outcome.records[eval_set.name][mode.kind] = records
+    finally:
+        for runner in own.values():
+            runner.close()
     return outcome
+
+
+def _runner_for(grader: str | None, rewards, own: dict[str, object]):
+    """The reward runner of a set: the run's, or one for the set's built-in ``grader``."""
+    specs = getattr(rewards, "specs", None)
+    if grader is None or (specs and [s.name for s in specs] == [grader]):
+        return rewards
+    if grader not in own:
+        from rlvr.rewards.runner import RewardRunner
+
+        timeout = getattr(rewards, "timeout_s", 5.0)
+        own[grader] = RewardRunner([{"name": grader}], timeout_s=timeout, max_failure_fraction=1.0)
+    return own[grader]
+
+
+def _evaluate_set(
+    outcome: EvalOutcome, engine, tokenizer, eval_set: EvalSet, rewards, **kw: object
+) -> None:
+    """Every mode of one set into ``outcome``; ``kw`` are `evaluate()`'s keywords."""
+    if not eval_set.rows:
+        raise ValueError(f"eval set {eval_set.name!r} has no rows")
+    outcome.results[eval_set.name] = {}
+    outcome.records[eval_set.name] = {}
+    outcome.modes[eval_set.name] = [m.describe() for m in eval_set.modes]
+    for mode in eval_set.modes:
+        scores, records = evaluate(engine, tokenizer, eval_set.rows, rewards, mode=mode, **kw)
+        outcome.results[eval_set.name].update(scores)
+        outcome.records[eval_set.name][mode.kind] = records
 
 
 def eval_payload(outcome: EvalOutcome, **extra) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlvr.config.benchmarks import BENCHMARKS
 from rlvr.config.eval import HELDOUT, EvalSetConfig
 from rlvr.eval.evaluator import EvalSet
 
@@ -25,6 +26,7 @@ def set_rows(
     ``heldout_rows`` / ``train_rows`` are called only when a set needs them (building the
     train split of a file task reads the whole file).
     """
+    set_cfg = set_cfg.resolved()  # a named benchmark's hub rows, fields and answer format
     limit = set_cfg.max_problems or cfg.eval.max_problems
     if set_cfg.path is not None:
         from rlvr.data.loaders import load_rows
@@ -35,6 +37,7 @@ def set_rows(
             answer_field=set_cfg.answer_field or cfg.data.answer_field,
             system_prompt=cfg.data.system_prompt,
             limit=limit,
+            answer_extract=set_cfg.answer_extract or cfg.data.answer_extract,
         )
     elif set_cfg.task is not None:
         from rlvr.data.tasks import task_rows
@@ -72,16 +75,22 @@ def build_eval_sets(
     configured = cfg.eval.resolved_sets()
     names = [s.name for s in configured]
     if only is not None:
+        # a standard benchmark needs no configuration: `--sets math500,aime24`
+        configured += [EvalSetConfig(name=n) for n in only if n in BENCHMARKS and n not in names]
+        names = [s.name for s in configured]
         unknown = [n for n in only if n not in names]
         if unknown:
-            raise ValueError(f"eval sets {unknown} are not configured; known: {', '.join(names)}")
+            raise ValueError(
+                f"eval sets {unknown} are not configured; known: {', '.join(names)}; "
+                f"standard benchmarks: {', '.join(BENCHMARKS)}"
+            )
         configured = [s for s in configured if s.name in only]
     implicit = not cfg.eval.sets
     sets = []
     for set_cfg in configured:
-        if implicit and not heldout_rows():
+        if implicit and set_cfg.name == HELDOUT and not heldout_rows():
             continue
         rows = set_rows(set_cfg, cfg, heldout_rows=heldout_rows, train_rows=train_rows)
         modes = tuple(cfg.eval.modes_of(set_cfg))
-        sets.append(EvalSet(set_cfg.name, rows, modes))
+        sets.append(EvalSet(set_cfg.name, rows, modes, grader=set_cfg.resolved().grader))
     return sets

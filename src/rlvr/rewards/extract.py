@@ -27,7 +27,9 @@ __all__ = [
     "Extraction",
     "extract_answer",
     "extract_details",
+    "gsm8k_answer",
     "harmony_final_text",
+    "last_boxed",
     "last_match",
     "last_tag_content",
 ]
@@ -131,6 +133,17 @@ def _last_box(text: str) -> tuple[str | None, int, bool]:
         if content:
             return content, last_start, unclosed
     return None, last_start, unclosed
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete, non-empty ``\\boxed{}``/``\\fbox{}`` of ``text``, or None."""
+    return _last_box(text)[0]
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """The text after the last GSM8K ``#### `` marker, stripped, or None when there is none."""
+    found = last_match(_GSM8K_RE, text)
+    return found.group(1).strip() or None if found is not None else None
 
 
 def extract_details(text: str) -> Extraction:

@@ -116,7 +116,10 @@ def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
     from rlvr.data.loaders import load_rows
 
     kw = dict(
-        prompt_field=d.prompt_field, answer_field=d.answer_field, system_prompt=d.system_prompt
+        prompt_field=d.prompt_field,
+        answer_field=d.answer_field,
+        system_prompt=d.system_prompt,
+        answer_extract=d.answer_extract,
     )
     train = load_rows(d.train_path, **kw)
     evals = load_rows(d.eval_path, **kw)[: cfg.eval.max_problems] if d.eval_path else []

@@ -1,0 +1,175 @@
+"""`rlvr train --dry-run`: the plan of a run, checked, without loading model weights.
+
+Loads and validates the config, resolves the data (row counts), renders one example prompt
+with the model's tokenizer (light: no weights) and prints steps, samples per step, an upper
+bound on tokens per step and the learning-rate schedule. What could not be checked (for
+instance a tokenizer that is neither local nor cached while offline) is said, not skipped
+silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlvr.config import Config
+from rlvr.training.schedule import format_preflight, preflight_check
+
+
+@dataclass
+class Plan:
+    """The numbers `--dry-run` prints; tests read them from here or from the text."""
+
+    train_rows: int
+    eval_rows: int
+    steps: int
+    prompts_per_step: int
+    group_size: int
+    sequences_per_step: int
+    tokens_per_step_max: int
+    epochs: float
+    example_prompt: str
+    example_tokens: int | None
+    longest_prompt_tokens: int | None
+    schedule_text: str
+    schedule_ok: bool
+    problems: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.schedule_ok and not self.problems
+
+
+def _load_tokenizer(cfg: Config, unchecked: list[str]):
+    """The model's tokenizer, or None (with the reason appended to ``unchecked``)."""
+    from rlvr.training.policy import ModelLoadError, prepare_tokenizer, resolve_model_path
+
+    try:
+        path = resolve_model_path(cfg.model.name_or_path, convert=False)
+        from transformers import AutoTokenizer
+
+        return path, prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    except (OSError, ValueError, ModelLoadError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        unchecked.append(
+            f"tokenizer of model.name_or_path={cfg.model.name_or_path!r} could not be loaded "
+            f"({first}); prompt token counts not checked"
+        )
+        return None, None
+
+
+def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
+    """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
+    from rlvr.data.hub import HubUnreachable
+    from rlvr.data.loaders import DataError
+    from rlvr.data.templates import render_rows
+    from rlvr.training.policy import model_context_length
+    from rlvr.training.run_setup import load_rows_for
+
+    problems = cfg.problems()
+    unchecked: list[str] = []
+    try:
+        train, evals = load_rows_for(cfg)
+    except HubUnreachable as exc:  # offline: the plan is still printed, the data is not checked
+        train, evals = [], []
+        unchecked.append(f"data not read: {exc}")
+    except DataError as exc:  # a missing local folder is already a problem; print the rest
+        train, evals = [], []
+        if not any(p.startswith(("data.train_path", "data.eval_path")) for p in problems):
+            problems.append(f"data not read: {exc}")
+    a, t, d = cfg.algo, cfg.train, cfg.data
+    sequences = cfg.rollout_batch_sequences()
+    path, tokenizer = _load_tokenizer(cfg, unchecked)
+    example, example_tokens, longest = "", None, None
+    if train:
+        if tokenizer is None:
+            from rlvr.data.templates import render_prompt
+
+            try:
+                example = render_prompt(d.template, train[0]["prompt"], None, d.system_prompt)
+            except ValueError as exc:
+                unchecked.append(f"example prompt not rendered: {exc}")
+        else:
+            sample = train[:max_token_rows]
+            texts, ids = render_rows(sample, d.template, tokenizer, d.system_prompt)
+            example, example_tokens = texts[0], len(ids[0])
+            longest = max(len(x) for x in ids)
+            if longest > d.max_prompt_tokens:
+                problems.append(
+                    f"data.max_prompt_tokens={d.max_prompt_tokens}: the longest of the first "
+                    f"{len(sample)} train prompts has {longest} tokens"
+                )
+            if len(train) > len(sample):
+                unchecked.append(
+                    f"prompt lengths checked on the first {len(sample)} of {len(train)} rows"
+                )
+    if path is not None:
+        problems.extend(cfg.validate_against_model(model_context_length(path)))
+    res = preflight_check(
+        t.lr,
+        check_step=min(t.preflight_step, t.max_steps),
+        min_fraction=t.preflight_min_fraction,
+        kind=t.schedule,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.max_steps,
+        min_lr_ratio=t.min_lr_ratio,
+    )
+    return Plan(
+        train_rows=len(train),
+        eval_rows=len(evals),
+        steps=t.max_steps,
+        prompts_per_step=a.prompts_per_step,
+        group_size=a.group_size,
+        sequences_per_step=sequences,
+        tokens_per_step_max=sequences * (d.max_prompt_tokens + cfg.rollout.max_new_tokens),
+        epochs=t.max_steps * a.prompts_per_step / max(1, len(train)),
+        example_prompt=example,
+        example_tokens=example_tokens,
+        longest_prompt_tokens=longest,
+        schedule_text=format_preflight(res),
+        schedule_ok=res.ok,
+        problems=problems,
+        unchecked=unchecked,
+    )
+
+
+def format_plan(cfg: Config, plan: Plan) -> str:
+    d, r = cfg.data, cfg.rollout
+    source = d.train_path if d.task == "file" else f"built-in task {d.task!r}"
+    tokens = "not counted" if plan.example_tokens is None else f"{plan.example_tokens} tokens"
+    lines = [
+        f"model: {cfg.model.name_or_path} (weights not loaded)",
+        f"objective: {cfg.algo.objective}",
+        f"data: {source}; template {d.template}",
+        f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
+        + (" (data not read)" if plan.train_rows == 0 else ""),
+        f"example prompt ({tokens}):",
+        *("  | " + line for line in plan.example_prompt.splitlines() or [""]),
+    ]
+    if plan.longest_prompt_tokens is not None:
+        lines.append(
+            f"longest prompt: {plan.longest_prompt_tokens} tokens "
+            f"(data.max_prompt_tokens={d.max_prompt_tokens})"
+        )
+    lines += [
+        f"steps: {plan.steps} (= {plan.epochs:.2f} epochs over the train rows)",
+        f"prompts/step: {plan.prompts_per_step}; group size: {plan.group_size}; "
+        f"samples/step: {plan.sequences_per_step}",
+        f"tokens/step <= {plan.tokens_per_step_max} (= {plan.sequences_per_step} x "
+        f"({d.max_prompt_tokens} prompt + {r.max_new_tokens} new))",
+        f"optimizer steps/step: {cfg.algo.minibatches * cfg.algo.epochs_per_batch}",
+        "learning-rate schedule "
+        f"({cfg.train.schedule}, warmup {cfg.train.warmup_steps}, peak {cfg.train.lr:g}):",
+        plan.schedule_text,
+    ]
+    lines += [f"not checked: {u}" for u in plan.unchecked]
+    lines += [f"config problem: {p}" for p in plan.problems]
+    lines.append("dry run OK: nothing was trained" if plan.ok else "dry run FAILED")
+    return "\n".join(lines)
+
+
+def run_dry(cfg: Config) -> int:
+    """Print the plan; 0 when it passes every check, 2 otherwise."""
+    plan = make_plan(cfg)
+    print(format_plan(cfg, plan), flush=True)
+    return 0 if plan.ok else 2

@@ -1,0 +1,129 @@
+"""`rlvr train --dry-run`: the plan is printed and checked, and no model weights are loaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to load model weights fails the test."""
+    import transformers
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--dry-run loaded model weights")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def _write_rows(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p, "answer": "1"}) + "\n" for p in prompts))
+    return path
+
+
+def _dry(tiny_model_dir: Path, tmp_path: Path, *overrides: str) -> list[str]:
+    return [
+        "train",
+        "--dry-run",
+        f"model.name_or_path={tiny_model_dir}",
+        f"train.output_dir={tmp_path / 'runs'}",
+        "data.template=none",
+        "rollout.max_new_tokens=8",
+        *overrides,
+    ]
+
+
+def test_dry_run_prints_the_plan_from_a_file(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlvr.cli import main
+
+    train = _write_rows(tmp_path / "train.jsonl", ["abcdefg", "xy", "what is 1?"] * 4)  # 12 rows
+    evals = _write_rows(tmp_path / "eval.jsonl", ["q1", "q2", "q3"])
+    argv = _dry(
+        tiny_model_dir,
+        tmp_path,
+        "data.task=file",
+        f"data.train_path={train}",
+        f"data.eval_path={evals}",
+        "data.max_prompt_tokens=32",
+        "algo.prompts_per_step=3",
+        "algo.group_size=4",
+        "train.max_steps=10",
+        "train.schedule=cosine",
+        "train.warmup_steps=2",
+        "train.lr=1e-5",
+    )
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "train rows: 12; eval rows: 3" in out
+    assert "example prompt (7 tokens):\n  | abcdefg" in out  # the char tokenizer: one per char
+    assert "longest prompt: 10 tokens (data.max_prompt_tokens=32)" in out
+    assert "steps: 10 (= 2.50 epochs over the train rows)" in out  # 10 * 3 / 12
+    assert "samples/step: 12" in out
+    assert "tokens/step <= 480 (= 12 x (32 prompt + 8 new))" in out
+    assert "learning-rate schedule (cosine, warmup 2, peak 1e-05):" in out
+    assert "       0   5.000e-06    50.0%" in out  # warm-up step 0 = 1/2 of peak
+    assert out.rstrip().endswith("dry run OK: nothing was trained")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_fails_on_a_prompt_longer_than_the_limit(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlvr.cli import main
+
+    train = _write_rows(tmp_path / "train.jsonl", ["short", "a much longer prompt"] * 4)
+    argv = _dry(
+        tiny_model_dir,
+        tmp_path,
+        "data.task=file",
+        f"data.train_path={train}",
+        "data.max_prompt_tokens=10",
+    )
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert (
+        "config problem: data.max_prompt_tokens=10: the longest of the first 8 train prompts "
+        "has 20 tokens"
+    ) in out
+    assert out.rstrip().endswith("dry run FAILED")
+
+
+def test_dry_run_fails_on_a_warmup_longer_than_the_run(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlvr.cli import main
+
+    argv = _dry(tiny_model_dir, tmp_path, "train.max_steps=20", "train.warmup_steps=200")
+    assert main(argv) == 2
+    out = capsys.readouterr().out
+    assert "train rows: 2000; eval rows: 100" in out  # the built-in arithmetic task's defaults
+    assert "FAIL: by step 19" in out
+
+
+def test_dry_run_says_what_it_could_not_check_without_a_tokenizer(
+    tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlvr.cli import main
+
+    empty = tmp_path / "not_a_model"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    argv = _dry(empty, tmp_path, "train.max_steps=5")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"not checked: tokenizer of model.name_or_path='{empty}' could not be loaded" in out
+    assert "example prompt (not counted):" in out
+
+
+def test_eval_accepts_overrides_after_its_options() -> None:
+    from rlvr.cli import build_parser, parse_args_any_order
+
+    argv = ["eval", "MODEL", "--data", "F.jsonl", "data.template=none", "--k", "4", "a.b=2"]
+    args = parse_args_any_order(build_parser(), argv)
+    assert (args.model, args.data, args.k) == ("MODEL", "F.jsonl", 4)
+    assert args.overrides == ["data.template=none", "a.b=2"]
