@@ -69,7 +69,9 @@ def test_logits():
 
 
 def test_full_fine_tuning_one_process():
-    plan = build_plan(dataclasses.replace(SPEC, kv_cache_bytes=1000, baseline_bytes=500))
+    plan = build_plan(
+        dataclasses.replace(SPEC, kv_cache_bytes=1000, gen_logits_bytes=300, baseline_bytes=500)
+    )
     assert plan.resident == {
         "process baseline": 500,
         "weights": 1448 * 4,
@@ -80,10 +82,16 @@ def test_full_fine_tuning_one_process():
         "activations": 22464,
         "logits (log-softmax, fp32)": 2304,
     }
-    assert plan.rollout == {"generation KV cache (transformers)": 1000}
+    assert plan.rollout == {
+        "generation KV cache (transformers)": 1000,
+        "generation logits (transformers, fp32)": 300,
+    }
     assert plan.update_peak == 17876 + 30560 == 48436
-    assert plan.rollout_peak == 18876
-    assert plan.peak == 48436
+    assert plan.rollout_peak == 17876 + 1300
+    assert plan.peak == 48436  # a GPU: the larger phase
+    # the CPU allocator keeps the generation's memory: the phases add up
+    cpu = build_plan(dataclasses.replace(plan.spec, phases_add=True))
+    assert cpu.peak == 48436 + 1300
 
 
 def test_fsdp2_shards_and_ddp_replicates():
@@ -176,6 +184,8 @@ def test_spec_for_reads_the_run_config():
     assert (s.precision, s.lora_rank, s.lora_targets) == ("fp32", 2, ATTN)
     # transformers cache: 5 rows x 6 positions x (2 layers x K,V x 1 head x 4 x 4 bytes)
     assert s.kv_cache_bytes == 5 * 6 * 64
+    assert s.gen_logits_bytes == 5 * 2 * 32 * 4  # [rows, vocab] fp32 per generated token
+    assert s.phases_add  # the CPU
     assert s.baseline_bytes == mp.CPU_BASELINE_BYTES and not s.reference
 
 

@@ -107,9 +107,13 @@ class PlanSpec:
     engine: str = "hf"  # "hf" (transformers generate) | "vllm"
     engine_weight_bytes: int = 4
     kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the generate() cache
+    gen_logits_bytes: int = 0  # hf: generate(output_logits=True) keeps [rows, V] fp32 per token
     engine_total_bytes: int = 0  # vLLM on a GPU: its whole claim (gpu_memory_utilization x total)
     engine_sleeps: bool = False  # vLLM sleeps during the update (GPU)
     baseline_bytes: int = 0  # the process itself (CPU); 0 on a GPU
+    # The CPU allocator (glibc) keeps what generation freed and, measured, the update reuses
+    # little of it: on the CPU the two phases add up; on a GPU the peak is the larger phase.
+    phases_add: bool = False
 
     @property
     def shards(self) -> int:
@@ -169,6 +173,8 @@ class MemoryPlan:
 
     @property
     def peak(self) -> int:
+        if self.spec.phases_add:
+            return self.update_peak + sum(self.rollout.values())
         return max(self.update_peak, self.rollout_peak)
 
 
@@ -199,7 +205,10 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
         update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
     update["activations"] = activation_bytes(s)
     update["logits (log-softmax, fp32)"] = logits_bytes(s)
-    rollout = {"generation KV cache (transformers)": s.kv_cache_bytes} if s.engine == "hf" else {}
+    rollout = {}
+    if s.engine == "hf":
+        rollout["generation KV cache (transformers)"] = s.kv_cache_bytes
+        rollout["generation logits (transformers, fp32)"] = s.gen_logits_bytes
     if s.engine_sleeps:
         rollout.update(engine)
     else:
@@ -225,9 +234,8 @@ def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "")
         for name, n in terms.items():
             if n:
                 lines.append(f"  {title:8s} {name:52s} {_gib(n)}")
-    lines.append(
-        f"  peak: update {_gib(plan.update_peak).strip()}, rollout {_gib(plan.rollout_peak).strip()}"
-    )
+    how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
+    lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
     if available is not None:
         verdict = "fits" if plan.peak <= available else "DOES NOT FIT"
         lines.append(f"  available{where}: {_gib(available).strip()} -> {verdict}")
@@ -322,10 +330,11 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         engine = "vllm" if importlib.util.find_spec("vllm") and world_size == 1 else "hf"
     max_len = max_model_len_for(cfg)
     edtype = engine_dtype(cfg, device)
-    kv, total = 0, 0
+    kv, total, gen_logits = 0, 0, 0
     if engine == "hf":
         per_token = kv_bytes_per_token(model_config, torch.float32 if wb == 4 else torch.bfloat16)
         kv = r.batch_size * max_len * per_token
+        gen_logits = r.batch_size * (max_len - prompt) * shape.vocab * 4
     elif device == "cpu":
         kv = cpu_kv_cache_bytes(
             model_config,
@@ -355,9 +364,11 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         engine=engine,
         engine_weight_bytes=torch.empty((), dtype=edtype).element_size(),
         kv_cache_bytes=kv,
+        gen_logits_bytes=gen_logits,
         engine_total_bytes=total,
         engine_sleeps=engine == "vllm" and device != "cpu" and r.sleep_during_update,
         baseline_bytes=CPU_BASELINE_BYTES if device == "cpu" else 0,
+        phases_add=device == "cpu",
     )
 
 
