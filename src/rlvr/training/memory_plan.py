@@ -1,12 +1,9 @@
 """The memory plan of a run, per device, before any weights load.
 
-``build_plan`` is arithmetic over a `PlanSpec` (numbers only, unit-tested by hand);
-``spec_for`` reads a run config and the model's ``config.json`` into one; ``memory_preflight``
-prints the plan and, on a GPU, refuses one that cannot fit, naming the knobs that would make it fit.
-
-The model is a Llama-style decoder (embedding, ``layers`` x [attention + gated MLP], tied or
-separate output layer). Activation bytes per token per layer are counted tensor by tensor from
-what autograd keeps for the backward (see ``ACT_COEF``); the logits get their own term.
+``build_plan`` is arithmetic over a `PlanSpec` (numbers only); ``spec_for`` reads a run config and
+the model's config into one; ``memory_preflight`` prints the plan and, on a GPU, refuses one that
+cannot fit, naming the knobs that would. The model is a Llama-style decoder; activations are
+counted from what autograd keeps for the backward (``ACT_COEF``), the logits separately.
 """
 
 from __future__ import annotations
@@ -279,25 +276,6 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- from a run config
-
-
-def read_model_config(name_or_path: str):
-    """The model's transformers config without loading weights (the embedded default: read
-    from its converted folder, else from the GGUF file's metadata)."""
-    from pathlib import Path
-
-    from transformers import AutoConfig
-
-    from rlvr.training.policy import DEFAULT_MODEL, default_gguf_path, resolve_model_path
-
-    path = resolve_model_path(name_or_path, convert=False)
-    if name_or_path == DEFAULT_MODEL and not (Path(path) / "config.json").exists():
-        gguf = default_gguf_path()
-        if gguf is not None:
-            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return AutoConfig.from_pretrained(path)
-
-
 def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: int) -> PlanSpec:
     """The `PlanSpec` of a run config on ``device`` ("cpu" or "cuda"), ``device_total`` bytes
     being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
@@ -306,13 +284,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     import torch
 
     from rlvr.objectives import build_objective
-    from rlvr.rollout.vllm_setup import (
-        cpu_kv_cache_bytes,
-        engine_dtype,
-        kv_bytes_per_token,
-        max_model_len_for,
-        max_num_seqs_for,
-    )
+    from rlvr.rollout import vllm_setup as vs
     from rlvr.training.policy import choose_attention
     from rlvr.training.run_setup import resolve_autocast
 
@@ -328,19 +300,21 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     engine = r.engine
     if engine == "auto":
         engine = "vllm" if importlib.util.find_spec("vllm") and world_size == 1 else "hf"
-    max_len = max_model_len_for(cfg)
-    edtype = engine_dtype(cfg, device)
+    max_len = vs.max_model_len_for(cfg)
+    edtype = vs.engine_dtype(cfg, device)
     kv, total, gen_logits = 0, 0, 0
     if engine == "hf":
-        per_token = kv_bytes_per_token(model_config, torch.float32 if wb == 4 else torch.bfloat16)
+        per_token = vs.kv_bytes_per_token(
+            model_config, torch.float32 if wb == 4 else torch.bfloat16
+        )
         kv = r.batch_size * max_len * per_token
         gen_logits = r.batch_size * (max_len - prompt) * shape.vocab * 4
     elif device == "cpu":
-        kv = cpu_kv_cache_bytes(
+        kv = vs.cpu_kv_cache_bytes(
             model_config,
             edtype,
             max_model_len=max_len,
-            max_num_seqs=max_num_seqs_for(cfg),
+            max_num_seqs=vs.max_num_seqs_for(cfg),
             memory_fraction=r.gpu_memory_utilization,
             total_memory=device_total,
         )
@@ -381,33 +355,36 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
     import psutil
     import torch
 
-    from rlvr.config import ConfigError
+    from rlvr.training.policy import read_model_config
+
+    def say(text: str) -> None:
+        if echo:
+            print(text, flush=True)
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     want = cfg.model.device
     cuda = want.startswith("cuda") or (want == "auto" and torch.cuda.is_available())
     device = "cuda" if cuda else "cpu"
+    if want in ("auto", "cuda"):  # this rank's GPU, as device_for picks it
+        want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     try:
         model_config = read_model_config(cfg.model.name_or_path)
     except (OSError, ValueError) as exc:
-        print(f"memory plan: skipped (cannot read the model's config: {exc})") if echo else None
+        say(f"memory plan: skipped (cannot read the model's config: {exc})")
         return []
     if device == "cuda":
-        free, total = torch.cuda.mem_get_info(torch.device(want) if want != "auto" else None)
+        free, total = torch.cuda.mem_get_info(torch.device(want))
         available, where = free, " (free on this GPU, torch.cuda.mem_get_info)"
     else:
-        vm = psutil.virtual_memory()
-        total, available = int(vm.total), int(vm.available) // max(1, local_processes)
-        where = " (psutil available RAM" + (
-            f" / {local_processes} processes)" if local_processes > 1 else ")"
-        )
+        vm, per = psutil.virtual_memory(), max(1, local_processes)
+        total, available = int(vm.total), int(vm.available) // per
+        where = " (psutil available RAM" + (f" / {per} processes)" if per > 1 else ")")
     try:
         spec = spec_for(cfg, model_config, world_size=world_size, device=device, device_total=total)
-    except (ValueError, ConfigError) as exc:
+    except ValueError as exc:  # vLLM's KV budget below one sequence
         return [f"memory plan: {exc}"]
     plan = build_plan(spec)
-    if echo:
-        print(format_plan(plan, available, where), flush=True)
+    say(format_plan(plan, available, where))
     if plan.peak <= available:
         return []
     knobs = fixes(spec, available)
@@ -417,6 +394,6 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
         + (f"each of these alone fits: {'; '.join(knobs)}" if knobs else "no knob alone fits")
     )
     if device == "cpu":
-        print(f"memory plan warning: {need}", flush=True) if echo else None
+        say(f"memory plan warning: {need}")
         return []
     return [need]
