@@ -231,3 +231,21 @@ def test_default_model_plan_prints(world, capsys):
     assert mp.memory_preflight(cfg, world_size=world) == []
     out = capsys.readouterr().out
     assert "134.5M params" in out
+
+
+def test_rlvr_preflight_prints_the_plan_for_n_processes(monkeypatch, capsys):
+    from rlvr.cli import main
+
+    _patch_model(monkeypatch)
+    code = main(["preflight", "--nproc", "2", "model.device=cpu", "rollout.engine=hf"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "memory plan per device (full fine-tuning, 2 x fsdp2" in out
+    assert "FSDP2 gathered layers (2)" in out
+
+
+def test_preflight_without_a_readable_model_skips_the_plan(tmp_path, capsys):
+    from rlvr.cli import main
+
+    assert main(["preflight", f"model.name_or_path={tmp_path}/none", "model.device=cpu"]) == 0
+    assert "memory plan: skipped" in capsys.readouterr().out

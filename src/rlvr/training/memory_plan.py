@@ -355,7 +355,7 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
     import psutil
     import torch
 
-    from rlvr.training.policy import read_model_config
+    from rlvr.training.policy import ModelLoadError, read_model_config
 
     def say(text: str) -> None:
         if echo:
@@ -369,7 +369,7 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
         want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     try:
         model_config = read_model_config(cfg.model.name_or_path)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ModelLoadError) as exc:
         say(f"memory plan: skipped (cannot read the model's config: {exc})")
         return []
     if device == "cuda":
