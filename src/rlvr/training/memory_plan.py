@@ -258,13 +258,9 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
             s, kv_cache_bytes=s.kv_cache_bytes // 2, engine_total_bytes=s.engine_total_bytes // 2
         )
         groups.append([("rollout.gpu_memory_utilization halved", half)])
-    groups.append(
-        [
-            (f"{n} processes with train.parallel=fsdp2", rep(s, world_size=n, parallel="fsdp2"))
-            for n in (2, 4, 8, 16, 32, 64, 128)
-            if n > s.world_size
-        ]
-    )
+    worlds = [n for n in (2, 4, 8, 16, 32, 64, 128) if n > s.world_size]
+    fsdp = [rep(s, world_size=n, parallel="fsdp2") for n in worlds]
+    groups.append([(f"{a.world_size} processes with train.parallel=fsdp2", a) for a in fsdp])
     out = []
     for group in groups:
         for label, alt in group:
@@ -369,8 +365,9 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
         want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     try:
         model_config = read_model_config(cfg.model.name_or_path)
-    except (OSError, ValueError, ModelLoadError) as exc:
-        say(f"memory plan: skipped (cannot read the model's config: {exc})")
+        shape_from_config(model_config)  # AttributeError: not a Llama-style config
+    except (AttributeError, OSError, ValueError, ModelLoadError) as exc:
+        say(f"memory plan: skipped (cannot read the model's shape: {exc!r})")
         return []
     if device == "cuda":
         free, total = torch.cuda.mem_get_info(torch.device(want))
