@@ -15,7 +15,7 @@ examples:
   rlvr train -c run.yaml --dry-run              # the plan, checked; no weights loaded
   rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
   rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
-  rlvr preflight -c run.yaml                    # the LR schedule the run will use, and its checks
+  rlvr preflight -c run.yaml --nproc 8          # the LR schedule, the memory plan, their checks
   rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
   rlvr report runs/a runs/b                     # plots + one HTML page, runs overlaid
   rlvr data prepare --input raw.jsonl --out data/ --splits train=1000,test=200
@@ -145,6 +145,9 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         min_lr_ratio=t.min_lr_ratio,
     )
     print(format_preflight(res))
+    from rlvr.training.memory_plan import memory_preflight
+
+    problems += memory_preflight(cfg, world_size=args.nproc)
     for p in problems:
         print(f"config problem: {p}")
     return 0 if res.ok and not problems else 2
@@ -208,9 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
-        "preflight", help="print the LR schedule and step count; fail on a bad schedule"
+        "preflight",
+        help="print the LR schedule, step count and memory plan; fail on a bad schedule or a "
+        "plan that cannot fit the GPU",
     )
     _add_config_args(p)
+    p.add_argument("--nproc", type=int, default=1, metavar="N", help="plan for N processes")
     p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser(

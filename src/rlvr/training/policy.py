@@ -211,6 +211,19 @@ def model_context_length(model_path: str) -> int | None:
     return data.get("max_position_embeddings")
 
 
+def read_model_config(name_or_path: str):
+    """The model's transformers config without loading weights (the embedded default: read
+    from its converted folder, else from the GGUF file's metadata)."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(name_or_path, convert=False)
+    if name_or_path == DEFAULT_MODEL and not (Path(path) / "config.json").exists():
+        gguf = default_gguf_path()
+        if gguf is not None:
+            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return AutoConfig.from_pretrained(path)
+
+
 # ----------------------------------------------------------------------------- log-probs
 
 

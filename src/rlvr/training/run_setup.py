@@ -23,6 +23,7 @@ from rlvr.training.distributed import (
     init_distributed,
     wrap_model,
 )
+from rlvr.training.memory_plan import memory_preflight
 from rlvr.training.policy import (
     bf16_supported,
     choose_attention,
@@ -286,6 +287,7 @@ def setup_run(
     if model is None:
         path = resolve_model_path(cfg.model.name_or_path)
         problems = cfg.validate_against_model(model_context_length(path))
+        problems += memory_preflight(cfg, world_size=info.world_size, echo=info.is_main)
         if problems:
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     rewards = RewardRunner(

@@ -1,0 +1,396 @@
+"""The memory plan of a run, per device, before any weights load.
+
+``build_plan`` is arithmetic over a `PlanSpec` (numbers only); ``spec_for`` reads a run config and
+the model's config into one; ``memory_preflight`` prints the plan and, on a GPU, refuses one that
+cannot fit, naming the knobs that would. The model is a Llama-style decoder; activations are
+counted from what autograd keeps for the backward (``ACT_COEF``), the logits separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+GIB = 2**30
+# Resident memory of the Python process itself (python, torch, transformers, the tokenizer,
+# rlvr) before any weights load, measured on this CPU: 391-404 MiB (README, "The memory plan").
+CPU_BASELINE_BYTES = 420 * 2**20
+# Activation bytes kept for the backward per token and decoder layer: (per hidden unit, per MLP
+# unit, per attention score (x heads x sequence length, eager attention only)), by precision.
+# "autocast": fp32 weights, bf16 matmuls (each linear keeps its own bf16 copy of its input; the
+# norms and the residual stream stay fp32). LoRA with frozen base weights keeps fewer inputs
+# (a frozen linear keeps none; only the adapters' ``lora_A`` do).
+ACT_COEF: dict[tuple[str, bool], tuple[int, int, int]] = {
+    ("fp32", False): (40, 16, 4),
+    ("fp32", True): (24, 12, 4),
+    ("autocast", False): (34, 8, 6),
+    ("autocast", True): (22, 6, 6),
+    ("bf16", False): (24, 8, 6),
+    ("bf16", True): (18, 6, 6),
+}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model's config (Llama-style names)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool = True
+    attention_bias: bool = False
+
+    def module_dims(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear of one decoder layer."""
+        h, i = self.hidden, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        dims = [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+        return dict(zip(LINEARS, dims, strict=True))
+
+    @property
+    def params(self) -> int:
+        dims = self.module_dims()
+        per_layer = sum(a * b for a, b in dims.values()) + 2 * self.hidden  # + two RMSNorms
+        if self.attention_bias:
+            per_layer += dims["q_proj"][1] + 2 * dims["k_proj"][1]
+        embed = self.vocab * self.hidden
+        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
+
+    def lora_params(self, rank: int, targets: tuple[str, ...] | str) -> int:
+        """Adapter parameters: ``rank x (in + out)`` per targeted linear per layer."""
+        dims = self.module_dims()
+        names = list(dims) if targets == "all-linear" else [t for t in targets if t in dims]
+        return self.layers * sum(rank * sum(dims[n]) for n in names)
+
+
+def shape_from_config(config) -> ModelShape:
+    """A `ModelShape` from a transformers config (``AutoConfig``)."""
+    heads = config.num_attention_heads
+    return ModelShape(
+        layers=config.num_hidden_layers,
+        hidden=config.hidden_size,
+        intermediate=config.intermediate_size,
+        heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        vocab=config.vocab_size,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        attention_bias=bool(getattr(config, "attention_bias", False)),
+    )
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """Every number the plan depends on."""
+
+    shape: ModelShape
+    micro_rows: int  # sequences per forward/backward pass
+    prompt_tokens: int
+    completion_tokens: int
+    weight_bytes: int = 4  # 4: float32 weights, 2: bfloat16
+    precision: str = "fp32"  # "fp32" | "autocast" (bf16 matmuls, fp32 weights) | "bf16"
+    world_size: int = 1
+    parallel: str = "fsdp2"  # "fsdp2" shards weights, gradients, optimizer; "ddp" replicates
+    lora_rank: int = 0  # 0: full fine-tuning
+    lora_targets: tuple[str, ...] | str = ()
+    eager_attention: bool = True
+    gradient_checkpointing: bool = False
+    reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
+    engine: str = "hf"  # "hf" (transformers generate) | "vllm"
+    engine_weight_bytes: int = 4
+    kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the generate() cache
+    gen_logits_bytes: int = 0  # hf: generate(output_logits=True) keeps [rows, V] fp32 per token
+    engine_total_bytes: int = 0  # vLLM on a GPU: its whole claim (gpu_memory_utilization x total)
+    engine_sleeps: bool = False  # vLLM sleeps during the update (GPU)
+    baseline_bytes: int = 0  # the process itself (CPU); 0 on a GPU
+    # The CPU allocator (glibc) keeps what generation freed and, measured, the update reuses
+    # little of it: on the CPU the two phases add up; on a GPU the peak is the larger phase.
+    phases_add: bool = False
+
+    @property
+    def shards(self) -> int:
+        return self.world_size if self.parallel == "fsdp2" and self.world_size > 1 else 1
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def trainable(self) -> int:
+        if self.lora_rank:
+            return self.shape.lora_params(self.lora_rank, self.lora_targets)
+        return self.shape.params
+
+
+def activation_bytes(s: PlanSpec) -> int:
+    """What the decoder layers keep for the backward in one micro-batch."""
+    sh = s.shape
+    lora = bool(s.lora_rank) and s.lora_targets != "all-linear"
+    per_h, per_i, per_score = ACT_COEF[(s.precision, lora)]
+    scores = per_score * sh.heads * s.seq_len if s.eager_attention else 0
+    per_token_layer = per_h * sh.hidden + per_i * sh.intermediate + scores
+    if s.lora_rank:  # each adapter keeps its rank-r intermediate
+        n = len(sh.module_dims()) if s.lora_targets == "all-linear" else len(s.lora_targets)
+        per_token_layer += n * s.lora_rank * (4 if s.precision == "fp32" else 2)
+    tokens = s.micro_rows * s.seq_len
+    if not s.gradient_checkpointing:
+        return tokens * sh.layers * per_token_layer
+    residual = 2 if s.precision == "bf16" else 4  # each layer keeps its input; one is recomputed
+    return tokens * (sh.layers * residual * sh.hidden + per_token_layer)
+
+
+def logits_bytes(s: PlanSpec) -> int:
+    """The completion logits ``[rows, completion, vocab]``: the model's output, its float32 copy
+    for the log-softmax (when the output is bf16), and their gradient (the sum and one chunk's
+    full-size slice gradient)."""
+    out = 4 if s.precision == "fp32" else 2
+    fp32_copy = 0 if s.precision == "fp32" else 4
+    return s.micro_rows * s.completion_tokens * s.shape.vocab * (out + fp32_copy + 2 * out)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    resident: dict[str, int]  # held through the whole run
+    update: dict[str, int]  # added during the update
+    rollout: dict[str, int]  # added during generation
+    spec: PlanSpec
+
+    @property
+    def update_peak(self) -> int:
+        return sum(self.resident.values()) + sum(self.update.values())
+
+    @property
+    def rollout_peak(self) -> int:
+        return sum(self.resident.values()) + sum(self.rollout.values())
+
+    @property
+    def peak(self) -> int:
+        if self.spec.phases_add:
+            return self.update_peak + sum(self.rollout.values())
+        return max(self.update_peak, self.rollout_peak)
+
+
+def build_plan(s: PlanSpec) -> MemoryPlan:
+    """Bytes per device of each term, grouped by when they are held."""
+    sh, wb = s.shape, s.weight_bytes
+    base = sh.params * wb // s.shards
+    adapters = s.trainable * wb if s.lora_rank else 0
+    resident = {"process baseline": s.baseline_bytes, "weights": base + adapters}
+    # AdamW keeps two moments per trainable parameter, in the parameter's dtype (fused: no copies)
+    resident["optimizer state (AdamW, 2 moments)"] = 2 * s.trainable * wb // s.shards
+    if s.reference:
+        resident["reference model (not sharded)"] = sh.params * wb
+    engine = {}
+    if s.engine == "vllm":
+        if s.engine_total_bytes:
+            engine["vLLM engine (weights + KV cache)"] = s.engine_total_bytes
+        else:
+            engine["vLLM weights"] = sh.params * s.engine_weight_bytes
+            engine["vLLM KV cache"] = s.kv_cache_bytes
+    update = {"gradients": s.trainable * wb // s.shards}
+    if s.parallel == "ddp" and s.world_size > 1:
+        update["DDP gradient buckets"] = s.trainable * wb
+    if s.shards > 1:  # FSDP2 gathers one layer and prefetches the next
+        per_layer = (sh.params - sh.vocab * sh.hidden * (1 if sh.tied else 2)) // sh.layers
+        update["FSDP2 gathered layers (2)"] = 2 * per_layer * wb
+    if s.precision == "autocast":
+        update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
+    update["activations"] = activation_bytes(s)
+    update["logits (log-softmax, fp32)"] = logits_bytes(s)
+    rollout = {}
+    if s.engine == "hf":
+        rollout["generation KV cache (transformers)"] = s.kv_cache_bytes
+        rollout["generation logits (transformers, fp32)"] = s.gen_logits_bytes
+    if s.engine_sleeps:
+        rollout.update(engine)
+    else:
+        resident.update(engine)
+    return MemoryPlan(resident, update, rollout, s)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:7.2f} GiB"
+
+
+def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "") -> str:
+    s = plan.spec
+    kind = f"LoRA r={s.lora_rank}" if s.lora_rank else "full fine-tuning"
+    par = f"{s.world_size} x {s.parallel}" if s.world_size > 1 else "1 process"
+    lines = [
+        f"memory plan per device ({kind}, {par}, {s.precision}; micro-batch {s.micro_rows} x "
+        f"({s.prompt_tokens} + {s.completion_tokens}) tokens; {s.shape.params / 1e6:.1f}M params, "
+        f"{s.trainable / 1e6:.2f}M trainable):"
+    ]
+    phases = {"held": plan.resident, "update": plan.update, "rollout": plan.rollout}
+    for title, terms in phases.items():
+        for name, n in terms.items():
+            if n:
+                lines.append(f"  {title:8s} {name:52s} {_gib(n)}")
+    how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
+    lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
+    if available is not None:
+        verdict = "fits" if plan.peak <= available else "DOES NOT FIT"
+        lines.append(f"  available{where}: {_gib(available).strip()} -> {verdict}")
+    return "\n".join(lines)
+
+
+def fixes(s: PlanSpec, available: int) -> list[str]:
+    """Knob changes (each alone) that bring the peak under ``available``, with the new peak:
+    the largest micro-batch that fits, the fewest processes, and each switch that suffices."""
+    rep = dataclasses.replace
+    rows = [(f"algo.micro_batch_size={r}", rep(s, micro_rows=r)) for r in range(s.micro_rows)]
+    groups: list[list[tuple[str, PlanSpec]]] = [rows[:0:-1]]
+    if not s.gradient_checkpointing:
+        groups.append([("model.gradient_checkpointing=true", rep(s, gradient_checkpointing=True))])
+    if not s.lora_rank:
+        targets = ("q_proj", "k_proj", "v_proj", "o_proj")
+        lora = rep(s, lora_rank=16, lora_targets=targets, reference=False)
+        groups.append([("model.lora.enabled=true", lora)])
+    if s.engine == "vllm" and s.engine_total_bytes and not s.engine_sleeps:
+        groups.append([("rollout.sleep_during_update=true", rep(s, engine_sleeps=True))])
+    if s.engine == "vllm":
+        half = rep(
+            s, kv_cache_bytes=s.kv_cache_bytes // 2, engine_total_bytes=s.engine_total_bytes // 2
+        )
+        groups.append([("rollout.gpu_memory_utilization halved", half)])
+    worlds = [n for n in (2, 4, 8, 16, 32, 64, 128) if n > s.world_size]
+    fsdp = [rep(s, world_size=n, parallel="fsdp2") for n in worlds]
+    groups.append([(f"{a.world_size} processes with train.parallel=fsdp2", a) for a in fsdp])
+    out = []
+    for group in groups:
+        for label, alt in group:
+            peak = build_plan(alt).peak
+            if peak <= available:
+                out.append(f"{label} (peak {_gib(peak).strip()})")
+                break
+    return out
+
+
+# ----------------------------------------------------------------------------- from a run config
+def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: int) -> PlanSpec:
+    """The `PlanSpec` of a run config on ``device`` ("cpu" or "cuda"), ``device_total`` bytes
+    being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
+    import importlib.util
+
+    import torch
+
+    from rlvr.objectives import build_objective
+    from rlvr.rollout import vllm_setup as vs
+    from rlvr.training.policy import choose_attention
+    from rlvr.training.run_setup import resolve_autocast
+
+    m, a, r = cfg.model, cfg.algo, cfg.rollout
+    shape = shape_from_config(model_config)
+    wb = 2 if m.dtype == "bfloat16" else 4
+    autocast = resolve_autocast(cfg, torch.device(device))
+    precision = "bf16" if wb == 2 else ("autocast" if autocast else "fp32")
+    prompt, completion = cfg.data.max_prompt_tokens, r.max_new_tokens
+    rows = a.micro_batch_size
+    if a.micro_batch_tokens:
+        rows = max(1, min(rows, a.micro_batch_tokens // (prompt + completion)))
+    engine = r.engine
+    if engine == "auto":
+        engine = "vllm" if importlib.util.find_spec("vllm") and world_size == 1 else "hf"
+    max_len = vs.max_model_len_for(cfg)
+    edtype = vs.engine_dtype(cfg, device)
+    kv, total, gen_logits = 0, 0, 0
+    if engine == "hf":
+        per_token = vs.kv_bytes_per_token(
+            model_config, torch.float32 if wb == 4 else torch.bfloat16
+        )
+        kv = r.batch_size * max_len * per_token
+        gen_logits = r.batch_size * (max_len - prompt) * shape.vocab * 4
+    elif device == "cpu":
+        kv = vs.cpu_kv_cache_bytes(
+            model_config,
+            edtype,
+            max_model_len=max_len,
+            max_num_seqs=vs.max_num_seqs_for(cfg),
+            memory_fraction=r.gpu_memory_utilization,
+            total_memory=device_total,
+        )
+    else:
+        total = int(r.gpu_memory_utilization * device_total)
+    lora, targets = m.lora, m.lora.target_modules
+    return PlanSpec(
+        shape=shape,
+        micro_rows=rows,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        weight_bytes=wb,
+        precision=precision,
+        world_size=world_size,
+        parallel=cfg.train.parallel,
+        lora_rank=lora.rank if lora.enabled else 0,
+        lora_targets=targets if isinstance(targets, str) else tuple(targets),
+        eager_attention=choose_attention(m.attention, device, completion) == "eager",
+        gradient_checkpointing=m.gradient_checkpointing,
+        reference=build_objective(cfg).needs().reference and not lora.enabled,
+        engine=engine,
+        engine_weight_bytes=torch.empty((), dtype=edtype).element_size(),
+        kv_cache_bytes=kv,
+        gen_logits_bytes=gen_logits,
+        engine_total_bytes=total,
+        engine_sleeps=engine == "vllm" and device != "cpu" and r.sleep_during_update,
+        baseline_bytes=CPU_BASELINE_BYTES if device == "cpu" else 0,
+        phases_add=device == "cpu",
+    )
+
+
+def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str]:
+    """Print the plan (with ``echo``); return the problems that refuse the run: a GPU plan that
+    cannot fit. On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``, else
+    ``world_size``) share its available RAM (psutil); a plan over it is a warning only."""
+    import os
+
+    import psutil
+    import torch
+
+    from rlvr.training.policy import ModelLoadError, read_model_config
+
+    def say(text: str) -> None:
+        if echo:
+            print(text, flush=True)
+
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    want = cfg.model.device
+    cuda = want.startswith("cuda") or (want == "auto" and torch.cuda.is_available())
+    device = "cuda" if cuda else "cpu"
+    if want in ("auto", "cuda"):  # this rank's GPU, as device_for picks it
+        want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
+    try:
+        model_config = read_model_config(cfg.model.name_or_path)
+        shape_from_config(model_config)  # AttributeError: not a Llama-style config
+    except (AttributeError, OSError, ValueError, ModelLoadError) as exc:
+        say(f"memory plan: skipped (cannot read the model's shape: {exc!r})")
+        return []
+    if device == "cuda":
+        free, total = torch.cuda.mem_get_info(torch.device(want))
+        available, where = free, " (free on this GPU, torch.cuda.mem_get_info)"
+    else:
+        vm, per = psutil.virtual_memory(), max(1, local_processes)
+        total, available = int(vm.total), int(vm.available) // per
+        where = " (psutil available RAM" + (f" / {per} processes)" if per > 1 else ")")
+    try:
+        spec = spec_for(cfg, model_config, world_size=world_size, device=device, device_total=total)
+    except ValueError as exc:  # vLLM's KV budget below one sequence
+        return [f"memory plan: {exc}"]
+    plan = build_plan(spec)
+    say(format_plan(plan, available, where))
+    if plan.peak <= available:
+        return []
+    knobs = fixes(spec, available)
+    need = (
+        f"the plan needs {plan.peak / GIB:.2f} GiB per device but {available / GIB:.2f} GiB is "
+        "available; "
+        + (f"each of these alone fits: {'; '.join(knobs)}" if knobs else "no knob alone fits")
+    )
+    if device == "cpu":
+        say(f"memory plan warning: {need}")
+        return []
+    return [need]
