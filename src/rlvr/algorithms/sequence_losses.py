@@ -24,3 +24,31 @@ def truncated_is_weights(trainer_logp: Tensor, engine_logp: Tensor, cap: float) 
     if not cap > 0:
         raise ValueError(f"tis cap must be > 0, got {cap!r}")
     return torch.exp(trainer_logp.detach() - engine_logp.detach()).clamp(max=cap)
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO (arXiv 2507.18071): s_i = exp(mean_t (logp - old_logp)) over sequence i's valid
+    tokens; loss = -mean_i min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i)."""
+    m = mask.bool()
+    zeros = torch.zeros_like(logp)
+    lr = torch.where(m, logp - old_logp.detach(), zeros)
+    n_tok = m.sum(-1).clamp(min=1).to(logp.dtype)
+    s = torch.exp(lr.sum(-1) / n_tok)
+    adv = advantages.detach().to(logp.dtype)
+    clipped = s.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = -torch.minimum(s * adv, clipped * adv).mean()
+    sd = s.detach()
+    stats = {
+        "seq_ratio_mean": float(sd.mean()),
+        "seq_ratio_min": float(sd.min()),
+        "seq_ratio_max": float(sd.max()),
+        "seq_clip_frac": float(((sd != clipped.detach()).float()).mean()),
+    }
+    return loss, stats
