@@ -34,6 +34,7 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import psgrpo_step_advantages
+from rlvr.algorithms.sequence_losses import gspo_loss, overlong_penalty, truncated_is_weights
 
 __all__ = [
     "AGG_MODES",
@@ -46,16 +47,19 @@ __all__ = [
     "aggregate",
     "aggregate_denominator",
     "gae_advantages",
+    "gspo_loss",
     "group_advantages",
     "kl_estimate",
     "last_token_rewards",
     "maxent_clip_term",
     "maxent_listwise_loss",
     "maxent_weights",
+    "overlong_penalty",
     "policy_loss",
     "ratio_stats",
     "psgrpo_step_advantages",
     "sequence_logp",
+    "truncated_is_weights",
     "value_loss",
     "whiten",
 ]
