@@ -34,7 +34,12 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import psgrpo_step_advantages
-from rlvr.algorithms.sequence_losses import gspo_loss, overlong_penalty, truncated_is_weights
+from rlvr.algorithms.sequence_losses import (
+    cispo_loss,
+    gspo_loss,
+    overlong_penalty,
+    truncated_is_weights,
+)
 
 __all__ = [
     "AGG_MODES",
@@ -44,6 +49,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "active_groups",
+    "cispo_loss",
     "aggregate",
     "aggregate_denominator",
     "gae_advantages",
