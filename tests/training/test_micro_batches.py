@@ -64,6 +64,7 @@ def test_every_sequence_once_and_every_limit_kept(lens, size, budget):
         ("drgrpo", []),
         ("grpo", []),
         ("gspo", ["algo.clip_low=3e-4", "algo.clip_high=4e-4"]),
+        ("cispo", []),
     ],
 )
 def test_update_does_not_depend_on_how_sequences_are_grouped(

@@ -3,7 +3,7 @@
 objective = build_objective(cfg, tokenizer)   # OBJECTIVES[cfg.algo.objective](cfg, ...)
 """
 
-from rlvr.objectives import group, gspo, maxent, ppo, psgrpo  # noqa: F401  (each registers itself)
+from rlvr.objectives import cispo, group, gspo, maxent, ppo, psgrpo  # noqa: F401  (each registers itself)
 from rlvr.objectives.base import OBJECTIVES, Needs, Objective, build_objective, register
 
 __all__ = ["OBJECTIVES", "Needs", "Objective", "build_objective", "register"]
