@@ -10,6 +10,10 @@ def always_zero(prompt, response, reference, **row):
     return 0.0
 
 
+def always_one(prompt, response, reference, **row):
+    return 1.0
+
+
 def toy_prm(prompt, steps):
     """A process reward model as a plain function: step k scores 1 / (k + 1)."""
     return [1.0 / (k + 1) for k in range(len(steps))]

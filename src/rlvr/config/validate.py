@@ -47,6 +47,12 @@ def problems(cfg: Config) -> list[str]:
         out.append("algo.kl_target is set but algo.beta=0: adaptive KL needs a starting beta > 0")
     if objective is not None:
         out.extend(objective.check(cfg))
+    if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
+        out.append(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (the penalty ramps over the last "
+            "overlong_buffer tokens before the limit)"
+        )
     if cfg.rollout.engine == "hf" and cfg.rollout.sleep_during_update:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:

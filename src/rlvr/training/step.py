@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from rlvr.algorithms import kl_estimate
+from rlvr.algorithms import kl_estimate, overlong_penalty
 from rlvr.config import Config
 from rlvr.data.templates import render_rows
 from rlvr.objectives import Objective
@@ -179,7 +179,24 @@ class Step:
         batch.rewards = rewards
         batch.valid = valid
         batch.scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
-        return self._global_rollout_metrics(batch)
+        shaping = self._overlong(batch)
+        return {**self._global_rollout_metrics(batch), **shaping}
+
+    def _overlong(self, batch: RolloutBatch) -> dict[str, float]:
+        """DAPO's soft overlong punishment (arXiv 2503.14476) added to the valid sequences'
+        scores, whatever the objective (``reward.overlong_buffer`` > 0); the reward metrics then
+        include it. Returns this rank's mean penalty over valid sequences."""
+        rc = self.cfg.reward
+        if rc.overlong_buffer <= 0:
+            return {}
+        lengths = torch.tensor([len(c) for c in batch.comp_ids]).view_as(batch.scores)
+        pen = overlong_penalty(
+            lengths, self.cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_factor
+        )
+        pen = torch.where(batch.valid, pen, torch.zeros_like(pen))
+        batch.scores = batch.scores + pen
+        n = int(batch.valid.sum())
+        return {"overlong_penalty_mean": float(pen.sum()) / max(1, n)}
 
     def logprobs(self, batch: RolloutBatch, times: dict) -> list[torch.Tensor]:
         """No-grad passes the objective needs: old log-probs (and the engine trust check from
