@@ -54,6 +54,7 @@ class CISPO(GroupObjective):
             a.clip_low,
             a.clip_high,
             denominator=max(1, counts.tokens),
+            is_weights=mb.tok.get("tis_weights"),
         )
         # the ratio diagnostics the other objectives log (their clip fractions describe PPO's
         # clip; cispo_clip_frac is CISPO's)

@@ -30,6 +30,7 @@ MAX_CLIP = 0.01  # above this the sequence clip is a token-level range by mistak
 class GSPO(GroupObjective):
     advantage_method = "grpo"
     default_loss_agg = "seq_mean_token_mean"
+    supports_tis = False  # one ratio per sequence: a per-token IS weight has no place in it
 
     @classmethod
     def check(cls, cfg) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from rlvr.algorithms import kl_estimate, overlong_penalty
+from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
 from rlvr.config import Config
 from rlvr.data.templates import render_rows
 from rlvr.objectives import Objective
@@ -213,6 +213,8 @@ class Step:
         values: list = [None] * n
         diffs: list[torch.Tensor] = []
         pad = self.tokenizer.pad_token_id
+        comps = batch.completions
+        engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
         with torch.no_grad():
             for idx in self.objective.micro_batches(list(range(n)), batch):
                 sb = build_sequence_batch(
@@ -232,6 +234,7 @@ class Step:
                 for row, i in enumerate(idx):
                     length = len(comp_ids[i])
                     old[i] = lp[row, :length]
+                    engine[i] = torch.tensor(comps[i].logprobs[:length], dtype=torch.float32)
                     if ref_lp is not None:
                         ref[i] = ref_lp[row, :length]
                     if "values" in out:
@@ -239,6 +242,8 @@ class Step:
         batch.old_logp = old
         batch.ref_logp = ref if needs.reference else None
         batch.values = values if needs.values else None
+        if self.cfg.algo.tis_cap is not None:
+            batch.tok["engine_logp"] = engine
         return diffs
 
     def prepare(self, batch: RolloutBatch) -> dict:
@@ -249,8 +254,9 @@ class Step:
             batch.scores = batch.scores - self.state.kl_ctl.value * kl_penalty(
                 batch, a.kl_estimator
             )
+        tis = tis_weights(batch, a.tis_cap) if a.tis_cap is not None else {}
         stats = self.objective.prepare(batch)
-        return {**advantage_stats(batch), **stats}
+        return {**advantage_stats(batch), **tis, **stats}
 
     def sync(self) -> dict | None:
         return sync_engine(
@@ -298,6 +304,30 @@ def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
         if len(lp):
             out[i] = kl_estimate(lp.float(), ref.float(), kind).sum()
     return out.view(-1, batch.group_size)
+
+
+def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
+    """Truncated importance sampling: ``batch.tok["tis_weights"]``, per token
+    ``min(exp(old trainer log-prob - engine log-prob), cap)``, which the objective's policy term
+    multiplies; returns their mean/min/max and the share of tokens the cap truncated (ratio >
+    cap), over this rank's valid sequences."""
+    weights, hit = [], []
+    for lp, eng in zip(batch.old_logp, batch.tok["engine_logp"], strict=True):
+        weights.append(truncated_is_weights(lp.float(), eng, cap))
+        hit.append(torch.exp(lp.float() - eng) > cap)
+    batch.tok["tis_weights"] = weights
+    valid = batch.valid.reshape(-1).tolist()
+    keep = [i for i, ok in enumerate(valid) if ok and len(weights[i])]
+    if not keep:
+        return {}
+    w = torch.cat([weights[i] for i in keep])
+    h = torch.cat([hit[i] for i in keep])
+    return {
+        "tis_weight_mean": float(w.mean()),
+        "tis_weight_min": float(w.min()),
+        "tis_weight_max": float(w.max()),
+        "tis_truncated_frac": float(h.float().mean()),
+    }
 
 
 def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
