@@ -24,7 +24,8 @@ from rlvr.objectives import Objective
 from rlvr.rewards.runner import BatchRewards, RewardRunner
 from rlvr.rollout.base import SamplingParams
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.distributed import DistInfo, all_gather_objects
+from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import rollout_metrics
@@ -102,6 +103,8 @@ class Step:
         kl_coef = self.state.kl_ctl.value  # the coefficient this step's loss uses
         batch = timed("time_rollout", self.generate)
         metrics = timed("time_reward", self.score, batch)
+        if self.cfg.algo.dynamic_sampling:
+            batch, metrics = self.fill(batch, timed)
         if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
             self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr = self.state.scheduler.get_last_lr()[0]
@@ -129,17 +132,18 @@ class Step:
             metrics["kl_coef"] = kl_coef
         return metrics, batch
 
-    def seed(self) -> int:
-        """Seed every RNG from (train.seed, step): a resumed step draws what it drew before."""
-        seed = self.cfg.train.seed * 1_000_003 + self.state.step
+    def seed(self, round_: int = 0) -> int:
+        """Seed every RNG from (train.seed, step, dynamic-sampling round): a resumed step draws
+        what it drew before."""
+        seed = self.cfg.train.seed * 1_000_003 + self.state.step + 104_729 * round_
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         return seed
 
-    def generate(self) -> RolloutBatch:
+    def generate(self, round_: int = 0) -> RolloutBatch:
         cfg, g = self.cfg, self.cfg.algo.group_size
-        seed = self.seed()
+        seed = self.seed(round_)
         # Every rank draws the same global prompts and keeps its own slice of whole prompts.
         global_idx = self.state.sampler.next_indices()
         per = len(global_idx) // self.dist.world_size
@@ -186,17 +190,41 @@ class Step:
         """DAPO's soft overlong punishment (arXiv 2503.14476) added to the valid sequences'
         scores, whatever the objective (``reward.overlong_buffer`` > 0); the reward metrics then
         include it. Returns this rank's mean penalty over valid sequences."""
-        rc = self.cfg.reward
-        if rc.overlong_buffer <= 0:
+        if self.cfg.reward.overlong_buffer <= 0:
             return {}
+        pen = self._overlong_penalties(batch)
+        batch.scores = batch.scores + pen
+        return {"overlong_penalty_mean": float(pen.sum()) / max(1, int(batch.valid.sum()))}
+
+    def _overlong_penalties(self, batch: RolloutBatch) -> torch.Tensor:
+        rc = self.cfg.reward
         lengths = torch.tensor([len(c) for c in batch.comp_ids]).view_as(batch.scores)
         pen = overlong_penalty(
             lengths, self.cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_factor
         )
-        pen = torch.where(batch.valid, pen, torch.zeros_like(pen))
-        batch.scores = batch.scores + pen
-        n = int(batch.valid.sum())
-        return {"overlong_penalty_mean": float(pen.sum()) / max(1, n)}
+        return torch.where(batch.valid, pen, torch.zeros_like(pen))
+
+    def fill(self, first: RolloutBatch, timed) -> tuple[RolloutBatch, dict]:
+        """DAPO dynamic sampling (`rlvr.training.dynamic_sampling`): more rounds of fresh prompts
+        until this rank holds as many informative groups as it draws per round, at most
+        ``algo.dynamic_sampling_max_rounds`` rounds; every rank draws while any one is short
+        (generation and scoring are collective)."""
+        need, rounds = len(first.prompt_ids), [first]
+        while len(rounds) < self.cfg.algo.dynamic_sampling_max_rounds:
+            have = sum(sum(informative_groups(b.scores, b.valid)) for b in rounds)
+            if not all_reduce_sum([float(have < need)], self.dist)[0]:
+                break
+            batch = timed("time_rollout", self.generate, len(rounds))
+            timed("time_reward", self.score, batch)
+            rounds.append(batch)
+        batch, kept = assemble(rounds, need)
+        metrics = self._global_rollout_metrics(batch)
+        if self.cfg.reward.overlong_buffer > 0:  # the kept sequences' penalty (already applied)
+            pen = self._overlong_penalties(batch)
+            metrics["overlong_penalty_mean"] = float(pen.sum()) / max(1, int(batch.valid.sum()))
+        drawn, kept = all_reduce_sum([float(need * len(rounds)), float(kept)], self.dist)
+        metrics.update(ds_prompts_drawn=drawn, ds_prompts_kept=kept, ds_rounds=float(len(rounds)))
+        return batch, metrics
 
     def logprobs(self, batch: RolloutBatch, times: dict) -> list[torch.Tensor]:
         """No-grad passes the objective needs: old log-probs (and the engine trust check from
