@@ -85,6 +85,10 @@ def test_the_rounds_run_out_and_the_batch_is_filled(tiny_model_dir, tmp_path):
     m, batch = _run(tiny_model_dir, tmp_path, "always_zero", 3)
     assert (m["ds_rounds"], m["ds_prompts_drawn"], m["ds_prompts_kept"]) == (3.0, 12.0, 0.0)
     assert m["zero_var_group_frac"] == 1.0 and len(batch.rows) == 4
+    # the generation rate counts the 3 rounds' replies (about 3 x the kept batch's 32), not 32
+    generated = m["gen_tokens_per_s"] * m["time_rollout"]
+    assert generated > 2 * 32 * m["response_len_mean"]
+    assert "ds_gen_tokens" not in m
 
 
 def test_the_dapo_recipe_validates_with_the_paper_settings():

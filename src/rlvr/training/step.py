@@ -121,7 +121,9 @@ class Step:
         metrics.update(times)
         metrics["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(c) for c in batch.comp_ids) * self.dist.world_size
-        metrics["gen_tokens_per_s"] = gen_tokens / max(times["time_rollout"], 1e-9)
+        # with dynamic sampling every round's replies were generated, not only the kept ones
+        generated = metrics.pop("ds_gen_tokens", gen_tokens)
+        metrics["gen_tokens_per_s"] = generated / max(times["time_rollout"], 1e-9)
         metrics["train_tokens_per_s"] = (
             gen_tokens * self.cfg.algo.epochs_per_batch / max(times["time_update"], 1e-9)
         )
@@ -224,6 +226,10 @@ class Step:
             metrics["overlong_penalty_mean"] = float(pen.sum()) / max(1, int(batch.valid.sum()))
         drawn, kept = all_reduce_sum([float(need * len(rounds)), float(kept)], self.dist)
         metrics.update(ds_prompts_drawn=drawn, ds_prompts_kept=kept, ds_rounds=float(len(rounds)))
+        tokens = sum(len(c) for b in rounds for c in b.comp_ids)
+        metrics["ds_gen_tokens"] = float(
+            tokens * self.dist.world_size
+        )  # run() turns it into a rate
         return batch, metrics
 
     def logprobs(self, batch: RolloutBatch, times: dict) -> list[torch.Tensor]:
