@@ -102,3 +102,29 @@ def test_the_dapo_recipe_validates_with_the_paper_settings():
     assert a.dynamic_sampling and a.beta == 0.0
     assert r.overlong_buffer / cfg.rollout.max_new_tokens == 4096 / 20480
     assert cfg.problems() == []
+
+
+def test_two_ranks_keep_drawing_together(tiny_model_dir, tmp_path):
+    """torchrun, 2 CPU ranks: each rank holds 2 of the 4 prompts per round and fills its own 2
+    informative groups; generation and scoring are collective, so both ranks draw the same
+    number of rounds (a rank that is full keeps drawing while the other is short). The run
+    finishes and the global batch holds 4 informative groups."""
+    import sys
+
+    from test_distributed import _args, _run, _steps
+
+    args = _args(tiny_model_dir, tmp_path, "two", "ddp")
+    args = [a for a in args if not a.startswith(("reward.specs", "train.max_steps"))]
+    args += [
+        "reward.specs=[{name: 'toy_rewards:varies_on_odd_answers'}]",
+        "algo.dynamic_sampling=true",
+        "algo.dynamic_sampling_max_rounds=8",
+        "train.max_steps=2",
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    _run([*torchrun, "--nproc-per-node", "2", "-m", "rlvr", "train", *args], tmp_path)
+    steps = _steps(tmp_path / "two")
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["ds_prompts_kept"] == 4.0 and m["zero_var_group_frac"] == 0.0
+        assert m["ds_prompts_drawn"] == 4.0 * m["ds_rounds"]
