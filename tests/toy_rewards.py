@@ -10,6 +10,10 @@ def always_zero(prompt, response, reference, **row):
     return 0.0
 
 
+def always_one(prompt, response, reference, **row):
+    return 1.0
+
+
 def toy_prm(prompt, steps):
     """A process reward model as a plain function: step k scores 1 / (k + 1)."""
     return [1.0 / (k + 1) for k in range(len(steps))]
@@ -19,3 +23,13 @@ def digit_fraction(prompt, response, reference, **row):
     """Fraction of the response's characters that are digits: rewards vary within every group of
     a random tiny model's replies, so every step has a gradient."""
     return sum(ch.isdigit() for ch in response) / max(1, len(response))
+
+
+def varies_on_odd_answers(prompt, response, reference, **row):
+    """0 for every reply to a prompt whose answer is even (an uninformative group); otherwise a
+    checksum of the reply in [0, 1), which differs between the replies of a random model."""
+    import zlib
+
+    if int(float(reference)) % 2 == 0:
+        return 0.0
+    return zlib.crc32(response.encode()) % 1000 / 1000

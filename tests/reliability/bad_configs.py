@@ -44,6 +44,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     ),
     "algo.kl_estimator": _not_in(["k1", "k2", "k3"]),
     "algo.kl_mode": _not_in(["loss", "reward"]),
+    "algo.tis_cap": _floats(max_value=0.0),  # a cap must be > 0 (null turns it off)
+    "algo.dynamic_sampling_max_rounds": st.integers(max_value=0),
     "algo.ppo.lam": st.one_of(_floats(max_value=-1e-9), _floats(min_value=1.0 + 1e-9)),
     "train.lr": _floats(max_value=0.0),
     "train.max_steps": st.integers(max_value=0),
@@ -75,6 +77,8 @@ BAD_VALUES: dict[str, st.SearchStrategy] = {
     "reward.max_failure_fraction": st.one_of(
         _floats(max_value=-1e-9), _floats(min_value=1.0 + 1e-9)
     ),
+    "reward.overlong_buffer": st.integers(max_value=-1),
+    "reward.overlong_factor": _floats(max_value=-1e-9),
     "reward.specs": st.one_of(
         _not_in(["math", "gsm8k", "countdown", "psgrpo", "math_prm"]).map(lambda w: [{"name": w}]),
         _WORDS.map(lambda w: [{"name": f"no_such_module_{w}:fn"}]),
@@ -138,6 +142,7 @@ NONFINITE_FLOAT_KNOBS = [
     "algo.ppo.value_lr",
     "algo.ppo.value_coef",
     "reward.timeout_s",
+    "reward.overlong_factor",
 ]
 
 

@@ -58,8 +58,18 @@ def test_every_sequence_once_and_every_limit_kept(lens, size, budget):
     assert firsts == sorted(firsts)
 
 
-@pytest.mark.parametrize("objective", ["drgrpo", "grpo"])
-def test_update_does_not_depend_on_how_sequences_are_grouped(tiny_model_dir, tmp_path, objective):
+@pytest.mark.parametrize(
+    "objective, extra",
+    [
+        ("drgrpo", []),
+        ("grpo", []),
+        ("gspo", ["algo.clip_low=3e-4", "algo.clip_high=4e-4"]),
+        ("cispo", []),
+    ],
+)
+def test_update_does_not_depend_on_how_sequences_are_grouped(
+    tiny_model_dir, tmp_path, objective, extra
+):
     """One step with every sequence in one pass vs one or two per pass (regrouped by length):
     same rollouts (same seed), and the weights after the update agree to float32 rounding."""
     weights, grad_norms = {}, {}
@@ -82,6 +92,7 @@ def test_update_does_not_depend_on_how_sequences_are_grouped(tiny_model_dir, tmp
             "train.max_steps=1",
             "train.threads=1",
             "eval.before_after=false",
+            *extra,
             *micro,
         )
         from rlvr.training.trainer import Trainer

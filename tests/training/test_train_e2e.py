@@ -140,6 +140,8 @@ def test_multiple_updates_per_batch_move_the_ratio(tiny_model_dir, tmp_path):
         ("rloo", []),
         # rewards here lie in [0, 0.2]: q = softmax(r / 2.0) would be almost uniform, so sharpen q
         ("maxent_listwise", ["algo.maxent.q_temperature=0.05"]),
+        ("gspo", ["algo.clip_low=3e-4", "algo.clip_high=4e-4"]),
+        ("cispo", []),
     ],
 )
 def test_reward_goes_up_on_a_learnable_task(tiny_model_dir, tmp_path, objective, extra):

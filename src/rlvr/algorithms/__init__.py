@@ -34,6 +34,12 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import dense_step_advantages, psgrpo_step_advantages
+from rlvr.algorithms.sequence_losses import (
+    cispo_loss,
+    gspo_loss,
+    overlong_penalty,
+    truncated_is_weights,
+)
 
 __all__ = [
     "AGG_MODES",
@@ -44,19 +50,23 @@ __all__ = [
     "FixedKLController",
     "active_groups",
     "dense_step_advantages",
+    "cispo_loss",
     "aggregate",
     "aggregate_denominator",
     "gae_advantages",
+    "gspo_loss",
     "group_advantages",
     "kl_estimate",
     "last_token_rewards",
     "maxent_clip_term",
     "maxent_listwise_loss",
     "maxent_weights",
+    "overlong_penalty",
     "policy_loss",
     "ratio_stats",
     "psgrpo_step_advantages",
     "sequence_logp",
+    "truncated_is_weights",
     "value_loss",
     "whiten",
 ]

@@ -36,3 +36,13 @@ class RewardConfig(Section):
     )
     timeout_s: float = Field(5.0, gt=0)
     max_failure_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    overlong_buffer: int = Field(
+        0,
+        ge=0,
+        description="DAPO soft overlong punishment (arXiv 2503.14476): the last N tokens before "
+        "rollout.max_new_tokens cost linearly up to reward.overlong_factor, added to every "
+        "objective's reward; 0 turns it off.",
+    )
+    overlong_factor: float = Field(
+        1.0, ge=0.0, description="Penalty at rollout.max_new_tokens (and beyond)."
+    )

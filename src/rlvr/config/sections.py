@@ -190,6 +190,21 @@ class AlgoConfig(Section):
     kl_horizon: int = 10000
     entropy_coef: float = 0.0
     adv_eps: float = 1e-6
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: draw fresh prompts until the step has "
+        "prompts_per_step groups whose rewards are not all equal (arXiv 2503.14476).",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        3, ge=1, description="Most generation rounds per step with dynamic_sampling."
+    )
+    tis_cap: float | None = Field(
+        None,
+        gt=0,
+        description="Truncated importance sampling: weight each token's policy-gradient term by "
+        "min(exp(trainer old log-prob - engine log-prob), tis_cap) to correct the engine/trainer "
+        "mismatch; null = off. Costs one no-grad forward pass per batch.",
+    )
     maxent: MaxEntConfig = Field(default_factory=MaxEntConfig)
     ppo: PPOConfig = Field(default_factory=PPOConfig)
     psgrpo: PSGRPOStepsConfig = Field(default_factory=PSGRPOStepsConfig)

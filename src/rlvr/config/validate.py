@@ -47,6 +47,17 @@ def problems(cfg: Config) -> list[str]:
         out.append("algo.kl_target is set but algo.beta=0: adaptive KL needs a starting beta > 0")
     if objective is not None:
         out.extend(objective.check(cfg))
+        if a.tis_cap is not None and not objective.supports_tis:
+            out.append(
+                f"algo.tis_cap is not supported by algo.objective={a.objective} (it has no "
+                "per-token policy-gradient term to weight); leave algo.tis_cap null"
+            )
+    if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
+        out.append(
+            f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (the penalty ramps over the last "
+            "overlong_buffer tokens before the limit)"
+        )
     if cfg.rollout.engine == "hf" and cfg.rollout.sleep_during_update:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:

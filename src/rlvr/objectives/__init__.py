@@ -3,7 +3,15 @@
 objective = build_objective(cfg, tokenizer)   # OBJECTIVES[cfg.algo.objective](cfg, ...)
 """
 
-from rlvr.objectives import group, maxent, ppo, prm_dense, psgrpo  # noqa: F401  (each registers itself)
+from rlvr.objectives import (  # noqa: F401  (each registers itself)
+    cispo,
+    group,
+    gspo,
+    maxent,
+    ppo,
+    prm_dense,
+    psgrpo,
+)
 from rlvr.objectives.base import OBJECTIVES, Needs, Objective, build_objective, register
 
 __all__ = ["OBJECTIVES", "Needs", "Objective", "build_objective", "register"]

@@ -59,6 +59,8 @@ class Objective:
     name: ClassVar[str] = ""
     # Loss aggregation when algo.loss_agg=auto (rlvr.algorithms.AGG_MODES).
     default_loss_agg: ClassVar[str] = "seq_mean_token_sum_norm"
+    # Whether policy_term weights tokens by batch.tok["tis_weights"] (algo.tis_cap).
+    supports_tis: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, tokenizer=None) -> None:
         self.cfg = cfg
@@ -89,7 +91,8 @@ class Objective:
     # ------------------------------------------------------------------ the step
     def needs(self) -> Needs:
         a = self.cfg.algo
-        return Needs(reference=a.beta > 0, old_logp=a.epochs_per_batch > 1 or a.minibatches > 1)
+        reused = a.epochs_per_batch > 1 or a.minibatches > 1
+        return Needs(reference=a.beta > 0, old_logp=reused or a.tis_cap is not None)
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``batch.advantages`` (and ``batch.seq``/``batch.tok``) for ``loss``; returns
@@ -151,6 +154,7 @@ class Objective:
             agg_mode=self.agg_mode,
             max_len=self.cfg.rollout.max_new_tokens,
             denominator=counts.for_mode(self.agg_mode),
+            is_weights=mb.tok.get("tis_weights"),
         )
         return loss, dict(stats)
 

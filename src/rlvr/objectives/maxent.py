@@ -24,6 +24,8 @@ from rlvr.training.batching import micro_batches
 
 @register("maxent_listwise")
 class MaxEntListwise(Objective):
+    supports_tis = False  # a listwise MLE over sequences, no per-token policy-gradient term
+
     @classmethod
     def check(cls, cfg) -> list[str]:
         a, m = cfg.algo, cfg.algo.maxent

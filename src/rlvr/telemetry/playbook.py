@@ -68,7 +68,9 @@ ADVICE: dict[str, str] = {
         "sync), or the trainer's log-probs are not aligned with the sampled tokens (an "
         "off-by-one between logits and labels silently corrupts every ratio and KL value). "
         "Precision differences alone give small values. Compare the two on one batch before "
-        "trusting ratio or KL metrics."
+        "trusting ratio or KL metrics. A real, steady gap (different kernels or precision in "
+        "the engine) makes the samples slightly off-policy: algo.tis_cap=2 reweights each token "
+        "by the truncated trainer/engine ratio."
     ),
     "entropy_low": (
         "entropy_mean is {entropy_mean:.3g} nats per token (floor {min_entropy:.3g}): the "

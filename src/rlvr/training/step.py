@@ -17,14 +17,15 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from rlvr.algorithms import kl_estimate
+from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
 from rlvr.config import Config
 from rlvr.data.templates import render_rows
 from rlvr.objectives import Objective
 from rlvr.rewards.runner import BatchRewards, RewardRunner
 from rlvr.rollout.base import SamplingParams
 from rlvr.training.batch import RolloutBatch
-from rlvr.training.distributed import DistInfo, all_gather_objects
+from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import rollout_metrics
@@ -102,6 +103,8 @@ class Step:
         kl_coef = self.state.kl_ctl.value  # the coefficient this step's loss uses
         batch = timed("time_rollout", self.generate)
         metrics = timed("time_reward", self.score, batch)
+        if self.cfg.algo.dynamic_sampling:
+            batch, metrics = self.fill(batch, timed)
         if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
             self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr = self.state.scheduler.get_last_lr()[0]
@@ -118,7 +121,9 @@ class Step:
         metrics.update(times)
         metrics["time_step"] = time.perf_counter() - t_step
         gen_tokens = sum(len(c) for c in batch.comp_ids) * self.dist.world_size
-        metrics["gen_tokens_per_s"] = gen_tokens / max(times["time_rollout"], 1e-9)
+        # with dynamic sampling every round's replies were generated, not only the kept ones
+        generated = metrics.pop("ds_gen_tokens", gen_tokens)
+        metrics["gen_tokens_per_s"] = generated / max(times["time_rollout"], 1e-9)
         metrics["train_tokens_per_s"] = (
             gen_tokens * self.cfg.algo.epochs_per_batch / max(times["time_update"], 1e-9)
         )
@@ -129,17 +134,18 @@ class Step:
             metrics["kl_coef"] = kl_coef
         return metrics, batch
 
-    def seed(self) -> int:
-        """Seed every RNG from (train.seed, step): a resumed step draws what it drew before."""
-        seed = self.cfg.train.seed * 1_000_003 + self.state.step
+    def seed(self, round_: int = 0) -> int:
+        """Seed every RNG from (train.seed, step, dynamic-sampling round): a resumed step draws
+        what it drew before."""
+        seed = self.cfg.train.seed * 1_000_003 + self.state.step + 104_729 * round_
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         return seed
 
-    def generate(self) -> RolloutBatch:
+    def generate(self, round_: int = 0) -> RolloutBatch:
         cfg, g = self.cfg, self.cfg.algo.group_size
-        seed = self.seed()
+        seed = self.seed(round_)
         # Every rank draws the same global prompts and keeps its own slice of whole prompts.
         global_idx = self.state.sampler.next_indices()
         per = len(global_idx) // self.dist.world_size
@@ -179,7 +185,52 @@ class Step:
         batch.rewards = rewards
         batch.valid = valid
         batch.scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
-        return self._global_rollout_metrics(batch)
+        shaping = self._overlong(batch)
+        return {**self._global_rollout_metrics(batch), **shaping}
+
+    def _overlong(self, batch: RolloutBatch) -> dict[str, float]:
+        """DAPO's soft overlong punishment (arXiv 2503.14476) added to the valid sequences'
+        scores, whatever the objective (``reward.overlong_buffer`` > 0); the reward metrics then
+        include it. Returns this rank's mean penalty over valid sequences."""
+        if self.cfg.reward.overlong_buffer <= 0:
+            return {}
+        pen = self._overlong_penalties(batch)
+        batch.scores = batch.scores + pen
+        return {"overlong_penalty_mean": float(pen.sum()) / max(1, int(batch.valid.sum()))}
+
+    def _overlong_penalties(self, batch: RolloutBatch) -> torch.Tensor:
+        rc = self.cfg.reward
+        lengths = torch.tensor([len(c) for c in batch.comp_ids]).view_as(batch.scores)
+        pen = overlong_penalty(
+            lengths, self.cfg.rollout.max_new_tokens, rc.overlong_buffer, rc.overlong_factor
+        )
+        return torch.where(batch.valid, pen, torch.zeros_like(pen))
+
+    def fill(self, first: RolloutBatch, timed) -> tuple[RolloutBatch, dict]:
+        """DAPO dynamic sampling (`rlvr.training.dynamic_sampling`): more rounds of fresh prompts
+        until this rank holds as many informative groups as it draws per round, at most
+        ``algo.dynamic_sampling_max_rounds`` rounds; every rank draws while any one is short
+        (generation and scoring are collective)."""
+        need, rounds = len(first.prompt_ids), [first]
+        while len(rounds) < self.cfg.algo.dynamic_sampling_max_rounds:
+            have = sum(sum(informative_groups(b.scores, b.valid)) for b in rounds)
+            if not all_reduce_sum([float(have < need)], self.dist)[0]:
+                break
+            batch = timed("time_rollout", self.generate, len(rounds))
+            timed("time_reward", self.score, batch)
+            rounds.append(batch)
+        batch, kept = assemble(rounds, need)
+        metrics = self._global_rollout_metrics(batch)
+        if self.cfg.reward.overlong_buffer > 0:  # the kept sequences' penalty (already applied)
+            pen = self._overlong_penalties(batch)
+            metrics["overlong_penalty_mean"] = float(pen.sum()) / max(1, int(batch.valid.sum()))
+        drawn, kept = all_reduce_sum([float(need * len(rounds)), float(kept)], self.dist)
+        metrics.update(ds_prompts_drawn=drawn, ds_prompts_kept=kept, ds_rounds=float(len(rounds)))
+        tokens = sum(len(c) for b in rounds for c in b.comp_ids)
+        metrics["ds_gen_tokens"] = float(
+            tokens * self.dist.world_size
+        )  # run() turns it into a rate
+        return batch, metrics
 
     def logprobs(self, batch: RolloutBatch, times: dict) -> list[torch.Tensor]:
         """No-grad passes the objective needs: old log-probs (and the engine trust check from
@@ -196,6 +247,8 @@ class Step:
         values: list = [None] * n
         diffs: list[torch.Tensor] = []
         pad = self.tokenizer.pad_token_id
+        comps = batch.completions
+        engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
         with torch.no_grad():
             for idx in self.objective.micro_batches(list(range(n)), batch):
                 sb = build_sequence_batch(
@@ -215,6 +268,7 @@ class Step:
                 for row, i in enumerate(idx):
                     length = len(comp_ids[i])
                     old[i] = lp[row, :length]
+                    engine[i] = torch.tensor(comps[i].logprobs[:length], dtype=torch.float32)
                     if ref_lp is not None:
                         ref[i] = ref_lp[row, :length]
                     if "values" in out:
@@ -222,6 +276,8 @@ class Step:
         batch.old_logp = old
         batch.ref_logp = ref if needs.reference else None
         batch.values = values if needs.values else None
+        if self.cfg.algo.tis_cap is not None:
+            batch.tok["engine_logp"] = engine
         return diffs
 
     def prepare(self, batch: RolloutBatch) -> dict:
@@ -232,8 +288,9 @@ class Step:
             batch.scores = batch.scores - self.state.kl_ctl.value * kl_penalty(
                 batch, a.kl_estimator
             )
+        tis = tis_weights(batch, a.tis_cap) if a.tis_cap is not None else {}
         stats = self.objective.prepare(batch)
-        return {**advantage_stats(batch), **stats}
+        return {**advantage_stats(batch), **tis, **stats}
 
     def sync(self) -> dict | None:
         return sync_engine(
@@ -281,6 +338,30 @@ def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
         if len(lp):
             out[i] = kl_estimate(lp.float(), ref.float(), kind).sum()
     return out.view(-1, batch.group_size)
+
+
+def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
+    """Truncated importance sampling: ``batch.tok["tis_weights"]``, per token
+    ``min(exp(old trainer log-prob - engine log-prob), cap)``, which the objective's policy term
+    multiplies; returns their mean/min/max and the share of tokens the cap truncated (ratio >
+    cap), over this rank's valid sequences."""
+    weights, hit = [], []
+    for lp, eng in zip(batch.old_logp, batch.tok["engine_logp"], strict=True):
+        weights.append(truncated_is_weights(lp.float(), eng, cap))
+        hit.append(torch.exp(lp.float() - eng) > cap)
+    batch.tok["tis_weights"] = weights
+    valid = batch.valid.reshape(-1).tolist()
+    keep = [i for i, ok in enumerate(valid) if ok and len(weights[i])]
+    if not keep:
+        return {}
+    w = torch.cat([weights[i] for i in keep])
+    h = torch.cat([hit[i] for i in keep])
+    return {
+        "tis_weight_mean": float(w.mean()),
+        "tis_weight_min": float(w.min()),
+        "tis_weight_max": float(w.max()),
+        "tis_truncated_frac": float(h.float().mean()),
+    }
 
 
 def advantage_stats(batch: RolloutBatch) -> dict[str, float]:

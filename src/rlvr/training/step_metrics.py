@@ -23,6 +23,21 @@ _MEAN_KEYS = (
 _MAX_KEYS = ("ratio_max", "log_ratio_max", "log_ratio_clamped_max", "log_ratio_abs_p99")
 _MIN_KEYS = ("ratio_min", "log_ratio_min")
 _SUM_KEYS = ("policy_loss", "value_loss", "maxent_listwise_loss")
+_SKIP_KEYS = ("tokens", "nonfinite_loss")  # per micro-batch counts, meaningless as a step value
+
+
+def _fold(key: str) -> str:
+    """How a statistic is folded over micro-batches: the named lists above, else by its name
+    (``*_max`` max, ``*_min`` min, anything else the mean), so an objective's own statistics
+    (``seq_clip_frac``, ``cispo_weight_max``) reach the metrics without an entry here."""
+    for kind, keys in (("mean", _MEAN_KEYS), ("max", _MAX_KEYS), ("min", _MIN_KEYS)):
+        if key in keys:
+            return kind
+    if key in _SUM_KEYS:
+        return "sum"
+    if key in _SKIP_KEYS:
+        return "skip"
+    return "max" if key.endswith("_max") else "min" if key.endswith("_min") else "mean"
 
 
 def _pct(values: np.ndarray, q: float) -> float:
@@ -82,22 +97,18 @@ def summarize_update_stats(
 ) -> dict:
     """Fold per-micro-batch loss statistics and per-optimizer-step grad norms into step metrics."""
     out: dict[str, float] = {}
-    for key in _MEAN_KEYS:
-        vals = [s[key] for s in stats if key in s]
-        if vals:
-            out[key] = float(np.mean(vals))
-    for key in _MAX_KEYS:
-        vals = [s[key] for s in stats if key in s]
-        if vals:
-            out[key] = float(np.max(vals))
-    for key in _MIN_KEYS:
-        vals = [s[key] for s in stats if key in s]
-        if vals:
-            out[key] = float(np.min(vals))
     n_opt = max(1, len(grad_norms))
-    for key in _SUM_KEYS:
+    keys = dict.fromkeys(k for s in stats for k in s)  # first-seen order
+    for key in keys:
         vals = [s[key] for s in stats if key in s]
-        if vals:
+        kind = _fold(key)
+        if kind == "mean":
+            out[key] = float(np.mean(vals))
+        elif kind == "max":
+            out[key] = float(np.max(vals))
+        elif kind == "min":
+            out[key] = float(np.min(vals))
+        elif kind == "sum":
             # micro-batch losses sum to the minibatch loss; average that over optimizer steps
             out[key] = float(np.sum(vals)) / n_opt
     ent = torch.cat(entropies).numpy() if entropies else np.zeros(0)

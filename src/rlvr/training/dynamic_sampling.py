@@ -1,0 +1,85 @@
+"""DAPO dynamic sampling (arXiv 2503.14476, section 3.2): a group whose rewards are all equal has
+zero group-relative advantage and no gradient, so the step keeps drawing fresh prompts until it
+holds ``algo.prompts_per_step`` groups whose rewards differ (at most
+``algo.dynamic_sampling_max_rounds`` rounds of generation).
+
+If the rounds run out first, the batch is filled up with equal-reward groups (they add no
+gradient to group-relative objectives) so that every step trains on the same number of groups.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.rewards.runner import BatchRewards
+from rlvr.training.batch import RolloutBatch
+
+
+def informative_groups(scores: torch.Tensor, valid: torch.Tensor) -> list[bool]:
+    """Per prompt ``[P]``: True when the group's valid rewards are not all equal (2+ valid)."""
+    out = []
+    for row, ok in zip(scores, valid, strict=True):
+        r = row[ok]
+        out.append(bool(r.numel() >= 2 and float(r.max() - r.min()) > 1e-8))
+    return out
+
+
+def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
+    """The scored batch restricted to prompts ``groups`` (in that order); no reward failures
+    (the caller keeps those of every round)."""
+    g = batch.group_size
+    seqs = [p * g + j for p in groups for j in range(g)]
+    r = batch.rewards
+    return RolloutBatch(
+        rows=[batch.rows[p] for p in groups],
+        prompt_texts=[batch.prompt_texts[p] for p in groups],
+        prompt_ids=[batch.prompt_ids[p] for p in groups],
+        groups=[batch.groups[p] for p in groups],
+        group_size=g,
+        rewards=BatchRewards(
+            scores=[r.scores[i] for i in seqs],
+            infos=[r.infos[i] for i in seqs],
+            valid=[r.valid[i] for i in seqs],
+            failures=[],
+        ),
+        scores=batch.scores[groups],
+        valid=batch.valid[groups],
+    )
+
+
+def concat_batches(parts: list[RolloutBatch], failures: list[str]) -> RolloutBatch:
+    """Scored batches (same group size) one after the other, with the given reward failures."""
+    g = parts[0].group_size
+    return RolloutBatch(
+        rows=[x for b in parts for x in b.rows],
+        prompt_texts=[x for b in parts for x in b.prompt_texts],
+        prompt_ids=[x for b in parts for x in b.prompt_ids],
+        groups=[x for b in parts for x in b.groups],
+        group_size=g,
+        rewards=BatchRewards(
+            scores=[x for b in parts for x in b.rewards.scores],
+            infos=[x for b in parts for x in b.rewards.infos],
+            valid=[x for b in parts for x in b.rewards.valid],
+            failures=list(failures),
+        ),
+        scores=torch.cat([b.scores for b in parts]),
+        valid=torch.cat([b.valid for b in parts]),
+    )
+
+
+def assemble(rounds: list[RolloutBatch], need: int) -> tuple[RolloutBatch, int]:
+    """The step's batch of ``need`` groups from the scored ``rounds``: informative groups first
+    (in drawing order), then equal-reward ones to fill up. Returns (batch, informative kept)."""
+    good: list[tuple[int, int]] = []
+    rest: list[tuple[int, int]] = []
+    for k, b in enumerate(rounds):
+        for p, ok in enumerate(informative_groups(b.scores, b.valid)):
+            (good if ok else rest).append((k, p))
+    chosen = (good + rest)[:need]
+    parts = []
+    for k, b in enumerate(rounds):
+        idx = sorted(p for kk, p in chosen if kk == k)  # drawing order within a round
+        if idx:
+            parts.append(select_groups(b, idx))
+    failures = [f for b in rounds for f in b.rewards.failures]
+    return concat_batches(parts, failures), min(len(good), need)

@@ -1,0 +1,130 @@
+"""algo.dynamic_sampling (DAPO, arXiv 2503.14476): keep drawing prompts until the step has
+algo.prompts_per_step groups whose rewards differ."""
+
+from __future__ import annotations
+
+import torch
+from test_train_e2e import tiny_config
+
+from rlvr.rewards.runner import BatchRewards
+from rlvr.rollout.base import Completion
+from rlvr.training.batch import RolloutBatch
+from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.trainer import Trainer
+
+
+def _scored(name: str, scores: list[list[float]]) -> RolloutBatch:
+    p, g = len(scores), len(scores[0])
+    groups = [[Completion(i, [1], [0.0], f"{name}{i}", "stop") for _ in range(g)] for i in range(p)]
+    flat = [x for row in scores for x in row]
+    b = RolloutBatch(
+        [{"id": f"{name}{i}"} for i in range(p)],
+        [f"{name}{i}" for i in range(p)],
+        [[1]] * p,
+        groups,
+        g,
+    )
+    b.rewards = BatchRewards(flat, [{}] * len(flat), [True] * len(flat), [f"fail-{name}"])
+    b.scores = torch.tensor(scores)
+    b.valid = torch.ones(p, g, dtype=torch.bool)
+    return b
+
+
+def test_informative_groups_by_hand():
+    # [1, 1] equal; [0, 1] differ; [0, nan-as-invalid] has one valid reward: not informative
+    scores = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, 5.0]])
+    valid = torch.tensor([[True, True], [True, True], [True, False]])
+    assert informative_groups(scores, valid) == [False, True, False]
+
+
+def test_assemble_keeps_informative_groups_then_fills():
+    # round a: a0 equal, a1 differs; round b: b0 differs, b1 equal. Need 2: a1 and b0.
+    a = _scored("a", [[1.0, 1.0], [0.0, 1.0]])
+    b = _scored("b", [[0.0, 2.0], [3.0, 3.0]])
+    batch, kept = assemble([a, b], 2)
+    assert kept == 2 and [r["id"] for r in batch.rows] == ["a1", "b0"]
+    assert batch.scores.tolist() == [[0.0, 1.0], [0.0, 2.0]]
+    assert batch.rewards.scores == [0.0, 1.0, 0.0, 2.0]
+    assert batch.rewards.failures == ["fail-a", "fail-b"]  # every round's, once
+    # need 3: one equal-reward group fills up (the first in drawing order, a0)
+    batch, kept = assemble([a, b], 3)
+    assert kept == 2 and [r["id"] for r in batch.rows] == ["a0", "a1", "b0"]
+
+
+def _run(tiny_model_dir, tmp_path, reward: str, rounds: int):
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        f"reward.specs=[{{name: 'toy_rewards:{reward}'}}]",
+        "algo.dynamic_sampling=true",
+        f"algo.dynamic_sampling_max_rounds={rounds}",
+        "train.max_steps=1",
+        "eval.before_after=false",
+    )
+    trainer = Trainer(cfg)
+    m = trainer.train_step()
+    batch = trainer.last_batch
+    trainer.engine.close()
+    trainer.ctx.rewards.close()
+    return m, batch
+
+
+def test_only_groups_whose_rewards_differ_are_kept(tiny_model_dir, tmp_path):
+    """Even answers score 0 for every reply, odd ones vary: after enough rounds the step's 4
+    groups are all odd-answer groups, and no kept group has equal rewards."""
+    m, batch = _run(tiny_model_dir, tmp_path, "varies_on_odd_answers", 8)
+    assert m["ds_prompts_kept"] == 4.0 and m["zero_var_group_frac"] == 0.0
+    assert m["ds_prompts_drawn"] == 4.0 * m["ds_rounds"] and m["ds_rounds"] >= 2
+    assert len(batch.rows) == 4 and all(int(float(r["answer"])) % 2 for r in batch.rows)
+    assert batch.scores.shape == (4, 8)
+
+
+def test_the_rounds_run_out_and_the_batch_is_filled(tiny_model_dir, tmp_path):
+    """Reward always 0: no group ever differs; 3 rounds of 4 prompts are drawn, none kept, and
+    the step still trains on 4 (equal-reward) groups."""
+    m, batch = _run(tiny_model_dir, tmp_path, "always_zero", 3)
+    assert (m["ds_rounds"], m["ds_prompts_drawn"], m["ds_prompts_kept"]) == (3.0, 12.0, 0.0)
+    assert m["zero_var_group_frac"] == 1.0 and len(batch.rows) == 4
+    # the generation rate counts the 3 rounds' replies (about 3 x the kept batch's 32), not 32
+    generated = m["gen_tokens_per_s"] * m["time_rollout"]
+    assert generated > 2 * 32 * m["response_len_mean"]
+    assert "ds_gen_tokens" not in m
+
+
+def test_the_dapo_recipe_validates_with_the_paper_settings():
+    from pathlib import Path
+
+    from rlvr.config import load_config
+
+    cfg = load_config(str(Path(__file__).resolve().parents[2] / "recipes" / "dapo.yaml"), [])
+    a, r = cfg.algo, cfg.reward
+    assert (a.objective, a.clip_low, a.clip_high, a.loss_agg) == ("grpo", 0.2, 0.28, "token_mean")
+    assert a.dynamic_sampling and a.beta == 0.0
+    assert r.overlong_buffer / cfg.rollout.max_new_tokens == 4096 / 20480
+    assert cfg.problems() == []
+
+
+def test_two_ranks_keep_drawing_together(tiny_model_dir, tmp_path):
+    """torchrun, 2 CPU ranks: each rank holds 2 of the 4 prompts per round and fills its own 2
+    informative groups; generation and scoring are collective, so both ranks draw the same
+    number of rounds (a rank that is full keeps drawing while the other is short). The run
+    finishes and the global batch holds 4 informative groups."""
+    import sys
+
+    from test_distributed import _args, _run, _steps
+
+    args = _args(tiny_model_dir, tmp_path, "two", "ddp")
+    args = [a for a in args if not a.startswith(("reward.specs", "train.max_steps"))]
+    args += [
+        "reward.specs=[{name: 'toy_rewards:varies_on_odd_answers'}]",
+        "algo.dynamic_sampling=true",
+        "algo.dynamic_sampling_max_rounds=8",
+        "train.max_steps=2",
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    _run([*torchrun, "--nproc-per-node", "2", "-m", "rlvr", "train", *args], tmp_path)
+    steps = _steps(tmp_path / "two")
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["ds_prompts_kept"] == 4.0 and m["zero_var_group_frac"] == 0.0
+        assert m["ds_prompts_drawn"] == 4.0 * m["ds_rounds"]
