@@ -115,10 +115,10 @@ def bad_line(draw) -> Line:
         return Line(json.dumps(row).encode(), "wrong_type", field)
     if field == "prompt":
         row[field] = draw(_NOT_A_STRING)
-    else:  # a number is a fine answer; a bool, list or mapping is not
-        row[field] = draw(
-            st.one_of(st.booleans(), st.lists(st.integers(), max_size=2), st.just({"k": 1}))
-        )
+    else:  # a number is a fine answer, and so is a one-item list of one (OlympiadBench's
+        # final_answer: ["$x$"] reads as its item); a bool, another list or a mapping is not
+        several = st.lists(st.integers(), max_size=3).filter(lambda xs: len(xs) != 1)
+        row[field] = draw(st.one_of(st.booleans(), several, st.just({"k": 1})))
     return Line(_dump(row), "wrong_type", field)
 
 
