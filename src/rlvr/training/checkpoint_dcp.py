@@ -89,10 +89,15 @@ def save_sharded_checkpoint(
     keep: int = 2,
     protect: Iterable[int] = (),
 ) -> Path:
-    """Every rank calls this; each writes its shard. Returns the final folder on every rank."""
+    """Every rank calls this; each writes its shard into rank 0's ``run_dir``. Returns the final
+    folder on every rank."""
     import torch.distributed.checkpoint as dcp
 
     rank = dist.get_rank()
+    # other ranks keep their run files in a scratch folder: the checkpoint goes into rank 0's run
+    shared = [str(run_dir)]
+    dist.broadcast_object_list(shared, src=0)
+    run_dir = Path(shared[0])
     folder = checkpoints_dir(run_dir)
     final = folder / checkpoint_name(state.step)
     tmp = folder / (TMP_PREFIX + final.name)
