@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from rlvr.eval.loading import resolve_source
 from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
 from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
 
@@ -123,3 +124,13 @@ def test_sigkill_then_resume_two_ranks_is_exact(tiny_model_dir, tmp_path):
     for key in b:
         assert torch.equal(c[key], b[key]), key
     assert (full / "config.json").exists()
+    # `rlvr eval` resolves the checkpoint folder to its exported full model ...
+    source = resolve_source(str(ckpt.path))
+    assert Path(source.model) == ckpt.path / "full_model" and source.run_dir == ref
+    assert not source.is_adapter
+    for key, value in _weights(Path(source.model)).items():
+        assert torch.equal(value, b[key]), key
+    # ... and `rlvr merge` writes it as one HF model
+    _run([sys.executable, "-m", "rlvr", "merge", str(ckpt.path), "--out", "merged"], tmp_path)
+    for key, value in _weights(tmp_path / "merged").items():
+        assert torch.equal(value, b[key]), key

@@ -236,6 +236,7 @@ def export_full_model(path: Path, out: Path | None = None) -> Path:
             f"{path}: the sharded weights do not fit the model "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
+    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / (TMP_PREFIX + out.name)
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
