@@ -54,17 +54,24 @@ def default_out(path: Path) -> Path:
 
 
 def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = None) -> Path:
-    """Write the merged model (+ tokenizer) of the LoRA checkpoint or adapter folder ``path``.
+    """Write the merged model (+ tokenizer) of the LoRA checkpoint or adapter folder ``path``
+    (a sharded FSDP2 checkpoint: its full weights gathered into one HF folder).
 
-    The output is written under a temporary name and renamed, and an existing ``out`` is refused.
-    Returns the output folder.
+        The output is written under a temporary name and renamed, and an existing ``out`` is refused.
+        Returns the output folder.
     """
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
     from rlvr.training.policy import resolve_model_path, save_model_folder
 
+    if Path(path).is_dir() and is_sharded(Path(path)):  # FSDP2 shards -> one full HF model
+        out = Path(out) if out is not None else default_out(Path(path))
+        if out.exists():
+            raise FileExistsError(f"{out} exists; remove it or pick another --out")
+        return export_full_model(Path(path), out)
     adapter = adapter_folder(path)
     model_cfg = _model_config(Path(path))
     base = base or model_cfg.get("name_or_path")

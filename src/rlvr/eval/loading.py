@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
 from rlvr.training.distributed import DistInfo, device_for
 from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer, prepare_tokenizer
 from rlvr.training.run_setup import use_training_attention
@@ -54,7 +55,9 @@ def resolve_source(model: str, run: str | None = None) -> ModelSource:
     path = Path(model).expanduser()
     if not path.exists():
         return ModelSource(model, run_dir, False)  # a hub id (or a path load will report)
-    if (path / CHECKPOINT_MODEL).is_dir() and not (path / "config.json").exists():
+    if path.is_dir() and is_sharded(path):
+        path = export_full_model(path)  # a sharded (FSDP2) checkpoint -> step_N/full_model
+    elif (path / CHECKPOINT_MODEL).is_dir() and not (path / "config.json").exists():
         path = path / CHECKPOINT_MODEL  # a training checkpoint: RUN/checkpoints/step_N/model
     if path.is_dir() and is_run_dir(path):
         final = path / "final"

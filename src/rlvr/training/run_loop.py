@@ -25,6 +25,7 @@ from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
+from rlvr.training.checkpoint_dcp import restore_sharded_checkpoint, save_sharded_checkpoint
 from rlvr.training.distributed import barrier, full_state_dict
 from rlvr.training.policy import save_model_folder
 from rlvr.training.step import sync_engine
@@ -84,12 +85,20 @@ def rewind_run_files(run_dir: Path, step: int) -> None:
         (run_dir / name).unlink(missing_ok=True)
 
 
+def _sharded(trainer) -> bool:
+    """Checkpoints are sharded (DCP) in a multi-process FSDP2 run."""
+    return trainer.dist.enabled and trainer.cfg.train.parallel == "fsdp2"
+
+
 def _resume(trainer) -> dict:
     """Restore the checkpoint the run context points at (if any), give the engine the restored
     weights, and rewind the run's files. Returns the checkpoint's ``extra`` dict ({} if fresh)."""
     ctx, state = trainer.ctx, trainer.state
     if ctx.resume_from is not None:
-        extra = restore_checkpoint(state, ctx.resume_from)
+        if _sharded(trainer):
+            extra = restore_sharded_checkpoint(state, ctx.resume_from)
+        else:
+            extra = restore_checkpoint(state, ctx.resume_from)
         # The engine was built from the base weights: the first resumed step must not sample
         # from them.
         sync_engine(ctx.engine, state, ctx.named_weights)
@@ -104,12 +113,23 @@ def _resume(trainer) -> dict:
 def _save(trainer, evaluator) -> Path | None:
     """Checkpoint the train state with the evaluator's state; keep the best-by-eval checkpoint too.
 
-    Several processes (DDP: every rank holds the same weights): rank 0 writes, the others wait.
+    Several processes: FSDP2 writes a sharded checkpoint (every rank its shard); DDP (every rank
+    holds the same weights): rank 0 writes, the others wait.
     """
+    best = evaluator.best_step
+    if _sharded(trainer):
+        return save_sharded_checkpoint(
+            trainer.state,
+            trainer.ctx.run_dir,
+            tokenizer=trainer.tokenizer,
+            config_yaml=trainer.cfg.to_yaml(),
+            extra={"evaluator": evaluator.state_dict()},
+            keep=trainer.cfg.train.max_checkpoints,
+            protect=[best] if best is not None else [],
+        )
     if trainer.dist.enabled and not trainer.dist.is_main:
         barrier(trainer.dist)
         return None
-    best = evaluator.best_step
     path = save_checkpoint(
         trainer.state,
         trainer.ctx.run_dir,

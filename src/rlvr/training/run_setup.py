@@ -96,14 +96,8 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         out.append(
             "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
         )
-    if cfg.train.parallel == "fsdp2":
-        if cfg.model.lora.enabled:
-            out.append("model.lora.enabled with several processes: use train.parallel=ddp")
-        if cfg.train.save_every:
-            out.append(
-                "train.save_every with train.parallel=fsdp2: sharded checkpoints are not supported "
-                "yet; use train.parallel=ddp or save only the final model"
-            )
+    if cfg.train.parallel == "fsdp2" and cfg.model.lora.enabled:
+        out.append("model.lora.enabled with several processes: use train.parallel=ddp")
     return out
 
 

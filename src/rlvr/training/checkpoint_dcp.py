@@ -1,0 +1,248 @@
+"""Sharded checkpoints of an FSDP2 run with ``torch.distributed.checkpoint`` (DCP).
+
+Same folder, marker and rotation rules as ``checkpoint.py``; the differences:
+
+    dcp/                   DCP files: every rank writes its shard of the model and the optimizer
+    rank_R.pt              per-rank RNG states (ranks draw different random numbers)
+    model/                 config + tokenizer only (no weights; ``export_full_model`` makes them)
+    trainer_state.pt       scheduler, the objective's modules (rank 0)
+    trainer_state.json     as in ``checkpoint.py``; COMPLETE records ``"sharded": world size``
+
+Every rank writes into ``checkpoints/.tmp-step_N``; after a barrier rank 0 fsyncs, writes
+``COMPLETE`` and renames the folder into place, then rotates. A sharded checkpoint loads into one
+process (``rlvr eval``, ``rlvr merge``) through ``export_full_model``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from rlvr.training.checkpoint import (
+    COMPLETE,
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    MODEL_DIR,
+    PLAIN_STATE,
+    TENSOR_STATE,
+    TMP_PREFIX,
+    CheckpointError,
+    _fsync_path,
+    _fsync_tree,
+    _os_cause,
+    _remove_checkpoint,
+    capture_state,
+    checkpoint_name,
+    checkpoints_dir,
+    latest_checkpoint,
+    read_marker,
+    read_state,
+    rotate_checkpoints,
+    set_rng_state,
+)
+
+if TYPE_CHECKING:
+    from rlvr.training.state import TrainState
+
+DCP_DIR = "dcp"
+FULL_MODEL_DIR = "full_model"
+
+
+def is_sharded(path: Path) -> bool:
+    """True when the checkpoint at ``path`` was written by ``save_sharded_checkpoint``."""
+    manifest = read_marker(Path(path)) or {}
+    return bool(manifest.get("sharded"))
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank_{rank}.pt"
+
+
+def _model_optim_state(state: TrainState) -> tuple[dict, dict]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(state.model, state.optimizer)
+
+
+def _all_ok(ok: bool) -> bool:
+    """True on every rank when ``ok`` is true on every rank."""
+    flag = torch.tensor([0 if ok else 1])
+    dist.all_reduce(flag)
+    return int(flag.item()) == 0
+
+
+def save_sharded_checkpoint(
+    state: TrainState,
+    run_dir: Path,
+    *,
+    tokenizer: Any,
+    config_yaml: str,
+    extra: dict | None = None,
+    keep: int = 2,
+    protect: Iterable[int] = (),
+) -> Path:
+    """Every rank calls this; each writes its shard into rank 0's ``run_dir``. Returns the final
+    folder on every rank."""
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    # other ranks keep their run files in a scratch folder: the checkpoint goes into rank 0's run
+    shared = [str(run_dir)]
+    dist.broadcast_object_list(shared, src=0)
+    run_dir = Path(shared[0])
+    folder = checkpoints_dir(run_dir)
+    final = folder / checkpoint_name(state.step)
+    tmp = folder / (TMP_PREFIX + final.name)
+    error: BaseException | None = None
+    if rank == 0:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            (tmp / MODEL_DIR).mkdir(parents=True)
+        except Exception as exc:
+            error = exc
+    if _all_ok(error is None):
+        tensors, plain = capture_state(state, extra)
+        model_sd, optim_sd = _model_optim_state(state)
+        try:
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+            with open(tmp / _rank_file(rank), "wb") as f:
+                torch.save({"rng": tensors["rng"], "rng_plain": json.dumps(plain["rng"])}, f)
+            if rank == 0:
+                state.model.config.save_pretrained(tmp / MODEL_DIR)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp / MODEL_DIR)
+                with open(tmp / TENSOR_STATE, "wb") as f:
+                    rank0 = {k: tensors[k] for k in ("scheduler", "objective", "rng")}
+                    torch.save(rank0, f)
+                (tmp / PLAIN_STATE).write_text(json.dumps(plain))
+                (tmp / CONFIG_FILE).write_text(config_yaml)
+        except Exception as exc:
+            error = exc
+    if _all_ok(error is None) and rank == 0:
+        try:
+            sizes = _fsync_tree(tmp)
+            manifest = {
+                "format": FORMAT_VERSION,
+                "step": state.step,
+                "time": time.time(),
+                "sharded": dist.get_world_size(),
+                "files": sizes,
+            }
+            with open(tmp / COMPLETE, "w") as f:
+                f.write(json.dumps(manifest, indent=1))
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_path(tmp)
+            if final.exists():
+                _remove_checkpoint(final)
+            tmp.rename(final)
+            _fsync_path(folder)
+            rotate_checkpoints(run_dir, keep, protect)
+        except Exception as exc:
+            error = exc
+    if not _all_ok(error is None):
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        previous = latest_checkpoint(run_dir)
+        usable = previous.path if previous else "none (this was the first save)"
+        cause = _os_cause(error) if error is not None else "another rank failed"
+        raise CheckpointError(
+            f"could not write the sharded checkpoint of step {state.step} to {final} "
+            f"(rank {rank}): {cause}. The newest usable checkpoint is still {usable}. "
+            f"Free disk space, then resume with `rlvr train --resume {run_dir}`."
+        ) from error
+    return final
+
+
+def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
+    """Every rank calls this: the sharded counterpart of ``checkpoint.restore_checkpoint``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    path = Path(path)
+    manifest = read_marker(path) or {}
+    world = dist.get_world_size()
+    if int(manifest.get("sharded", 0)) != world:
+        raise CheckpointError(
+            f"{path} was written by {manifest.get('sharded')} processes, this run has {world}: "
+            "resume with the same number of processes (or export it with `rlvr eval`/`rlvr merge`)"
+        )
+    tensors, plain = read_state(path)
+    model_sd, optim_sd = _model_optim_state(state)
+    loaded = {"model": model_sd, "optim": optim_sd}
+    dcp.load(loaded, checkpoint_id=str(path / DCP_DIR))
+    set_state_dict(
+        state.model,
+        state.optimizer,
+        model_state_dict=loaded["model"],
+        optim_state_dict=loaded["optim"],
+    )
+    state.scheduler.load_state_dict(tensors["scheduler"])
+    try:
+        state.objective.load_state_dict(tensors["objective"])
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    state.sampler.load_state_dict(plain["sampler"])
+    state.kl_ctl.value = float(plain["kl_coef"])
+    state.step = int(plain["step"])
+    state.policy_version = int(plain["policy_version"])
+    mine = torch.load(path / _rank_file(dist.get_rank()), map_location="cpu", weights_only=True)
+    set_rng_state(json.loads(mine["rng_plain"]), mine["rng"])
+    return plain["extra"]
+
+
+def full_model_state(path: Path) -> dict[str, torch.Tensor]:
+    """The full (unsharded) model weights of a sharded checkpoint, in one process."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(path)
+    if not is_sharded(path):
+        raise CheckpointError(f"{path} is not a complete sharded checkpoint")
+    scratch = path.parent / f"{TMP_PREFIX}export-{path.name}-{os.getpid()}.pt"
+    try:
+        dcp_to_torch_save(str(path / DCP_DIR), str(scratch))
+        saved = torch.load(scratch, map_location="cpu", weights_only=True)
+    finally:
+        scratch.unlink(missing_ok=True)
+    return saved["model"]
+
+
+def export_full_model(path: Path, out: Path | None = None) -> Path:
+    """Write an HF folder (config, tokenizer, full weights or LoRA adapter) of a sharded
+    checkpoint, by default ``path/full_model``; returns it. Runs in one process."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    out = Path(out) if out is not None else path / FULL_MODEL_DIR
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    weights = full_model_state(path)
+    config = AutoConfig.from_pretrained(path / MODEL_DIR)
+    model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if k not in (getattr(model, "all_tied_weights_keys", None) or {})]
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: the sharded weights do not fit the model "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / (TMP_PREFIX + out.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in (path / MODEL_DIR).iterdir():  # tokenizer files
+        if f.is_file() and not (tmp / f.name).exists():
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
