@@ -61,3 +61,12 @@ def test_bad_kwargs_name_the_field():
         task_rows("shapes", num_train=2, num_eval=1, seed=0, fill=0.0)
     with pytest.raises(ValueError, match="too few distinct shapes scenes"):
         task_rows("shapes", num_train=50, num_eval=1, seed=0, grid=1)
+
+
+def test_config_refuses_training_on_shapes_until_images_are_wired():
+    from rlvr.config import Config
+    from rlvr.config.validate import problems
+
+    cfg = Config()
+    cfg.data.task = "shapes"
+    assert any("data.task='shapes'" in p and "does not pass images" in p for p in problems(cfg))
