@@ -44,6 +44,11 @@ class ModelConfig(Section):
         "else SDPA (eager keeps a T x T score matrix per head for the backward).",
     )
     gradient_checkpointing: bool = False
+    freeze: list[str] | None = Field(
+        None,
+        description="Parameter name prefixes kept frozen. None: a VLM's vision tower "
+        "(e.g. 'model.visual.'), nothing for a text model; []: train everything.",
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 

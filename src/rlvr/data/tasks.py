@@ -120,7 +120,13 @@ def countdown_rows(
     return rows[num_eval:], rows[:num_eval]
 
 
-TASKS = {"arithmetic": arithmetic_rows, "countdown": countdown_rows}
+def _shapes_rows(**kwargs) -> tuple[list[dict], list[dict]]:
+    from rlvr.data.tasks_shapes import shapes_rows  # PIL only when the visual task is asked for
+
+    return shapes_rows(**kwargs)
+
+
+TASKS = {"arithmetic": arithmetic_rows, "countdown": countdown_rows, "shapes": _shapes_rows}
 
 
 def task_rows(
@@ -134,4 +140,4 @@ def task_rows(
         raise ValueError(f"data.task_kwargs for task {name!r}: {exc}") from None
 
 
-DEFAULT_REWARD = {"arithmetic": "math", "countdown": "countdown"}
+DEFAULT_REWARD = {"arithmetic": "math", "countdown": "countdown", "shapes": "math"}

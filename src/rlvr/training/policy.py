@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -282,6 +282,9 @@ class SequenceBatch:
     position_ids: torch.Tensor
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
+    # Vision inputs of the prompts' images (pixel_values, image_grid_thw, mm_token_type_ids) in
+    # row order; empty for text. With them, the model derives its own (M-RoPE) positions.
+    vision: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def completion_len(self) -> int:
@@ -289,9 +292,18 @@ class SequenceBatch:
 
 
 def build_sequence_batch(
-    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_id: int,
+    *,
+    vision: dict[str, torch.Tensor] | None = None,
+    image_token_id: int | None = None,
 ) -> SequenceBatch:
-    """Lay out prompts (left-padded) and completions (right-padded) for a training forward pass."""
+    """Lay out prompts (left-padded) and completions (right-padded) for a training forward pass.
+
+    ``vision`` (rows' images concatenated in row order, see ``data.multimodal.collate_vision``)
+    needs ``image_token_id``: each row's image tokens must match its share of ``image_grid_thw``.
+    """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
     lp = max(len(p) for p in prompt_ids)
@@ -311,7 +323,32 @@ def build_sequence_batch(
             cmask[i, : len(c)] = 1.0
     # Position ids follow the attention mask, exactly as generate() computes them for left padding.
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return SequenceBatch(ids, mask, pos, comp, cmask)
+    if not vision:
+        return SequenceBatch(ids, mask, pos, comp, cmask)
+    if image_token_id is None:
+        raise ValueError("build_sequence_batch: vision inputs need image_token_id")
+    is_image = ids == image_token_id
+    _check_image_tokens(is_image, prompt_ids, vision)
+    extra = dict(vision, mm_token_type_ids=is_image.long())
+    return SequenceBatch(ids, mask, pos, comp, cmask, extra)
+
+
+def _check_image_tokens(
+    is_image: torch.Tensor, prompt_ids: list[list[int]], vision: dict[str, torch.Tensor]
+) -> None:
+    """Refuse prompts whose image tokens do not match the images' grids (or that hold none)."""
+    grid = vision.get("image_grid_thw")
+    if grid is None:
+        raise ValueError("vision inputs without 'image_grid_thw'")
+    merge = 4  # Qwen2-VL merges 2x2 patches into one token
+    want = int(grid.prod(-1).sum()) // merge
+    have = int(is_image.sum())
+    if have != want:
+        per_row = is_image.sum(-1).tolist()
+        raise ValueError(
+            f"image tokens per row {per_row} (total {have}) but 'image_grid_thw' asks for {want}: "
+            f"prompts and images of {len(prompt_ids)} rows are misaligned"
+        )
 
 
 def completion_outputs(
@@ -324,10 +361,12 @@ def completion_outputs(
     final position predicts past the sequence end and is dropped.
     """
     tc = batch.completion_len
+    # A VLM computes its multimodal positions from the ids, the mask and the image grids.
+    positions = {"position_ids": batch.position_ids} if not batch.vision else batch.vision
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
+        **positions,
         logits_to_keep=tc + 1,
         use_cache=False,
         output_hidden_states=hidden_states,

@@ -23,6 +23,7 @@ from rlvr.training.distributed import (
     init_distributed,
     wrap_model,
 )
+from rlvr.training.freeze import default_freeze, freeze_prefixes
 from rlvr.training.memory_plan import memory_preflight
 from rlvr.training.policy import (
     bf16_supported,
@@ -299,6 +300,10 @@ def setup_run(
         model = model.to(device)
         prepare_tokenizer(tokenizer)
     use_training_attention(model, cfg, str(device))
+    freeze = default_freeze(model) if cfg.model.freeze is None else cfg.model.freeze
+    counts = freeze_prefixes(model, freeze)  # a prefix that matches nothing is an error
+    if freeze and info.is_main:
+        print(f"[rlvr] frozen {freeze}: {counts}", flush=True)
     autocast = resolve_autocast(cfg, device)
     check_prompt_lengths(cfg, tokenizer, train_rows, "train")
     check_prompt_lengths(cfg, tokenizer, eval_rows, "eval")

@@ -86,3 +86,10 @@ def save_tiny_model(out_dir: Path, **kwargs) -> Path:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def save_tiny_vlm(out_dir: Path, **kwargs) -> Path:
+    """Write a tiny random Qwen2-VL shaped model folder with its processor (see ``tiny_vlm``)."""
+    from rlvr.training.tiny_vlm import save_tiny_vlm as _save
+
+    return _save(out_dir, **kwargs)

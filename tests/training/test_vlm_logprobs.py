@@ -1,0 +1,127 @@
+"""Multimodal rows through the processor and the trainer's log-prob pass on the tiny VLM."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+
+Image = pytest.importorskip("PIL.Image")
+
+from rlvr.data.multimodal import collate_vision, render_multimodal_rows, row_images  # noqa: E402
+from rlvr.training.policy import (  # noqa: E402
+    build_sequence_batch,
+    completion_outputs,
+    logprobs_and_entropy,
+)
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from transformers import AutoModelForImageTextToText
+
+    from rlvr.training.tiny import save_tiny_vlm
+    from rlvr.training.tiny_vlm import load_processor
+
+    torch.set_num_threads(2)
+    path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+    processor = load_processor(path)
+    processor.tokenizer.padding_side = "left"
+    return AutoModelForImageTextToText.from_pretrained(path).eval(), processor
+
+
+def _rows(tmp_path: Path) -> list[dict]:
+    png = io.BytesIO()
+    Image.new("RGB", (60, 50), "blue").save(png, format="PNG")
+    path = tmp_path / "green.png"
+    Image.new("RGB", (56, 56), "green").save(path)
+    return [
+        {"prompt": "How many red squares?", "images": [Image.new("RGB", (56, 56), "red")]},
+        {
+            "prompt": "Count the shapes, please.",
+            "images": [{"bytes": png.getvalue(), "path": None}],
+        },
+        {"prompt": "Which?", "images": str(path)},
+    ]
+
+
+def test_log_probs_match_the_generated_scores(vlm, tmp_path):
+    model, processor = vlm
+    rows = _rows(tmp_path)
+    texts, prompt_ids, vision = render_multimodal_rows(rows, processor)
+    assert all(t.count("<|image_pad|>") == 1 for t in texts)  # unexpanded in the text
+    assert all(ids.count(model.config.image_token_id) == 4 for ids in prompt_ids)  # expanded
+    enc = processor(
+        text=texts,
+        images=[row_images(r, i)[0] for i, r in enumerate(rows)],
+        return_tensors="pt",
+        padding=True,
+    )
+    with torch.no_grad():
+        gen = model.generate(
+            **enc,
+            max_new_tokens=6,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    start = enc["input_ids"].shape[1]
+    completions = [row[start:].tolist() for row in gen.sequences]
+    want = torch.stack(gen.scores, 1).log_softmax(-1)
+    want = want.gather(-1, gen.sequences[:, start:].unsqueeze(-1)).squeeze(-1)
+
+    batch = build_sequence_batch(
+        prompt_ids,
+        completions,
+        processor.tokenizer.pad_token_id,
+        vision=collate_vision(vision),
+        image_token_id=model.config.image_token_id,
+    )
+    with torch.no_grad():
+        logits, _ = completion_outputs(model, batch)
+        logp, _ = logprobs_and_entropy(logits, batch.completion_ids)
+    assert torch.allclose(logp, want, atol=1e-4), (logp - want).abs().max()
+
+    # the pixels matter: another image for row 0 changes its log-probs
+    other = dict(rows[0], images=[Image.new("RGB", (56, 56), "white")])
+    _, ids2, vision2 = render_multimodal_rows([other, *rows[1:]], processor)
+    batch2 = build_sequence_batch(
+        ids2,
+        completions,
+        processor.tokenizer.pad_token_id,
+        vision=collate_vision(vision2),
+        image_token_id=model.config.image_token_id,
+    )
+    with torch.no_grad():
+        logp2, _ = logprobs_and_entropy(completion_outputs(model, batch2)[0], batch2.completion_ids)
+    assert not torch.allclose(logp2[0], logp[0], atol=1e-4)
+    assert torch.allclose(logp2[1:], logp[1:], atol=1e-4)
+
+    # misaligned logits are still refused
+    with pytest.raises(ValueError, match="log-prob shape mismatch"):
+        logprobs_and_entropy(logits[:, 1:], batch.completion_ids)
+
+
+def test_images_that_do_not_match_the_prompts_are_refused(vlm, tmp_path):
+    model, processor = vlm
+    rows = _rows(tmp_path)
+    _, prompt_ids, vision = render_multimodal_rows(rows, processor)
+    with pytest.raises(ValueError, match="image tokens per row"):
+        build_sequence_batch(
+            prompt_ids,
+            [[5]] * 3,
+            1,
+            vision=collate_vision(vision[:2]),
+            image_token_id=model.config.image_token_id,
+        )
+
+
+def test_bad_images_name_the_row_and_field(tmp_path):
+    with pytest.raises(ValueError, match=r"row 2: field 'images'\[0\].*URLs are not fetched"):
+        row_images({"images": ["https://example.com/a.png"]}, 2)
+    with pytest.raises(ValueError, match=r"row 0: field 'images'\[1\]"):
+        row_images({"images": [Image.new("RGB", (4, 4)), 3]}, 0)
+    with pytest.raises(ValueError, match=r"row 1: field 'images'\[0\]"):
+        row_images({"images": str(tmp_path / "missing.png")}, 1)
