@@ -66,6 +66,13 @@ def test_three_growing_grad_spikes_stop_the_run() -> None:
     assert fired(run(_stream("grad_norm", norms))) == [("grad_spikes", "stop", 9)]
     shrinking = [1.0, 1.0, 1.0, 4.0, 1.0, 5.0, 1.0, 4.5]  # 4.5 < 5: the sequence restarts
     assert run(_stream("grad_norm", shrinking)) == []
+    # a healthy run starting to learn: small norms growing past 3x their median are no spikes
+    # below health.grad_spikes.min_norm (1.0); the same shape above it is
+    learning = [0.02, 0.02, 0.02, 0.07, 0.02, 0.09, 0.02, 0.3]
+    assert run(_stream("grad_norm", learning)) == []
+    assert fired(run(_stream("grad_norm", [x * 20 for x in learning]))) == [
+        ("grad_spikes", "stop", 9)
+    ]
 
 
 def test_train_eval_divergence_over_two_evals() -> None:

@@ -289,6 +289,14 @@ class GradSpikesRule(_Rule):
 
     factor: float = Field(3.0, gt=1.0, description="A spike is grad_norm > factor x median.")
     within: int = Field(10, ge=3, description="The three spikes must fall within this many steps.")
+    min_norm: float = Field(
+        1.0,
+        ge=0.0,
+        description=(
+            "A spike must also exceed this (the default train.max_grad_norm): a small gradient "
+            "norm that grows as a healthy run starts to learn (0.04 -> 0.09 -> 0.3) is no spike."
+        ),
+    )
     action: Action = Field(
         "stop",
         description=(

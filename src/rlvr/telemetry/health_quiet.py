@@ -134,7 +134,7 @@ class _GradSpikes:
         self.index += 1
         median = statistics.median(self.norms) if len(self.norms) >= 3 else None
         self.norms.append(norm)
-        if median is None or norm <= self.cfg.factor * median:
+        if median is None or norm <= max(self.cfg.factor * median, self.cfg.min_norm):
             return None
         # keep the spikes inside the window, and only a growing sequence
         self.spikes = [(i, g) for i, g in self.spikes if self.index - i < self.cfg.within]
