@@ -120,7 +120,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_preflight(args: argparse.Namespace) -> int:
     from rlvr.config import load_config
     from rlvr.training.run_setup import load_rows_for
-    from rlvr.training.schedule import format_preflight, preflight_check
+    from rlvr.training.schedule import format_preflight, run_preflight
 
     cfg = load_config(args.config, args.overrides)
     problems = cfg.problems()
@@ -135,15 +135,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         f"steps: {t.max_steps} (= {epochs:.2f} epochs over the train rows); optimizer steps/step: "
         f"{cfg.algo.minibatches * cfg.algo.epochs_per_batch}"
     )
-    res = preflight_check(
-        t.lr,
-        check_step=min(t.preflight_step, t.max_steps),
-        min_fraction=t.preflight_min_fraction,
-        kind=t.schedule,
-        warmup_steps=t.warmup_steps,
-        total_steps=t.max_steps,
-        min_lr_ratio=t.min_lr_ratio,
-    )
+    res = run_preflight(t)
     print(format_preflight(res))
     from rlvr.training.memory_plan import memory_preflight
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlvr.config import Config
-from rlvr.training.schedule import format_preflight, preflight_check
+from rlvr.training.schedule import format_preflight, run_preflight
 
 
 @dataclass
@@ -105,15 +105,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
                 )
     if path is not None:
         problems.extend(cfg.validate_against_model(model_context_length(path)))
-    res = preflight_check(
-        t.lr,
-        check_step=min(t.preflight_step, t.max_steps),
-        min_fraction=t.preflight_min_fraction,
-        kind=t.schedule,
-        warmup_steps=t.warmup_steps,
-        total_steps=t.max_steps,
-        min_lr_ratio=t.min_lr_ratio,
-    )
+    res = run_preflight(t)
     return Plan(
         train_rows=len(train),
         eval_rows=len(evals),

@@ -33,7 +33,7 @@ from rlvr.training.policy import (
     prepare_tokenizer,
     resolve_model_path,
 )
-from rlvr.training.schedule import build_scheduler, preflight_check
+from rlvr.training.schedule import build_scheduler, run_preflight
 
 
 @dataclass
@@ -133,15 +133,7 @@ def preflight(cfg: Config) -> None:
     t = cfg.train
     if t.preflight_step <= 0 or t.preflight_step > t.max_steps:
         return
-    res = preflight_check(
-        t.lr,
-        check_step=t.preflight_step,
-        min_fraction=t.preflight_min_fraction,
-        kind=t.schedule,
-        warmup_steps=t.warmup_steps,
-        total_steps=t.max_steps,
-        min_lr_ratio=t.min_lr_ratio,
-    )
+    res = run_preflight(t)
     if not res.ok:
         raise ConfigError(f"learning-rate pre-flight failed: {res.message}")
 

@@ -257,3 +257,20 @@ def warmup_steps_from_ratio(ratio: float, total_steps: int) -> int:
         raise ValueError(f"warmup ratio must be a number in [0, 1], got {ratio!r}")
     _check_int("total_steps", total_steps, 1)
     return math.ceil(ratio * total_steps)
+
+
+def run_preflight(train_cfg, check_step: int | None = None) -> PreflightResult:
+    """:func:`preflight_check` with a run's ``train`` section (``train.preflight_step`` unless
+    ``check_step`` is given, capped at ``train.max_steps``): the one call the trainer, ``rlvr
+    preflight`` and ``rlvr train --dry-run`` share."""
+    t = train_cfg
+    step = t.preflight_step if check_step is None else check_step
+    return preflight_check(
+        t.lr,
+        check_step=min(step, t.max_steps),
+        min_fraction=t.preflight_min_fraction,
+        kind=t.schedule,
+        warmup_steps=t.warmup_steps,
+        total_steps=t.max_steps,
+        min_lr_ratio=t.min_lr_ratio,
+    )
