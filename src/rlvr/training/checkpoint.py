@@ -358,6 +358,15 @@ def restore_checkpoint(state: TrainState, path: Path) -> dict:
     tensors, plain = read_state(path)
     restore_model(state.model, Path(path) / MODEL_DIR)
     state.optimizer.load_state_dict(tensors["optimizer"])
+    restore_train_counters(state, tensors, plain, path)
+    set_rng_state(plain["rng"], tensors["rng"])
+    return plain["extra"]
+
+
+def restore_train_counters(state: TrainState, tensors: dict, plain: dict, path: Path) -> None:
+    """What a full and a sharded checkpoint restore alike, besides model and optimizer: the
+    scheduler, the objective's modules, the data position, the KL coefficient, the step counter
+    and the policy version."""
     state.scheduler.load_state_dict(tensors["scheduler"])
     try:
         state.objective.load_state_dict(tensors["objective"])
@@ -367,5 +376,3 @@ def restore_checkpoint(state: TrainState, path: Path) -> dict:
     state.kl_ctl.value = float(plain["kl_coef"])
     state.step = int(plain["step"])
     state.policy_version = int(plain["policy_version"])
-    set_rng_state(plain["rng"], tensors["rng"])
-    return plain["extra"]

@@ -45,6 +45,7 @@ from rlvr.training.checkpoint import (
     latest_checkpoint,
     read_marker,
     read_state,
+    restore_train_counters,
     rotate_checkpoints,
     set_rng_state,
 )
@@ -187,15 +188,7 @@ def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
         model_state_dict=loaded["model"],
         optim_state_dict=loaded["optim"],
     )
-    state.scheduler.load_state_dict(tensors["scheduler"])
-    try:
-        state.objective.load_state_dict(tensors["objective"])
-    except ValueError as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
-    state.sampler.load_state_dict(plain["sampler"])
-    state.kl_ctl.value = float(plain["kl_coef"])
-    state.step = int(plain["step"])
-    state.policy_version = int(plain["policy_version"])
+    restore_train_counters(state, tensors, plain, path)
     mine = torch.load(path / _rank_file(dist.get_rank()), map_location="cpu", weights_only=True)
     set_rng_state(json.loads(mine["rng_plain"]), mine["rng"])
     return plain["extra"]

@@ -117,28 +117,19 @@ def _save(trainer, evaluator) -> Path | None:
     holds the same weights): rank 0 writes, the others wait.
     """
     best = evaluator.best_step
-    if _sharded(trainer):
-        return save_sharded_checkpoint(
-            trainer.state,
-            trainer.ctx.run_dir,
-            tokenizer=trainer.tokenizer,
-            config_yaml=trainer.cfg.to_yaml(),
-            extra={"evaluator": evaluator.state_dict()},
-            keep=trainer.cfg.train.max_checkpoints,
-            protect=[best] if best is not None else [],
-        )
-    if trainer.dist.enabled and not trainer.dist.is_main:
-        barrier(trainer.dist)
-        return None
-    path = save_checkpoint(
-        trainer.state,
-        trainer.ctx.run_dir,
+    args = dict(
         tokenizer=trainer.tokenizer,
         config_yaml=trainer.cfg.to_yaml(),
         extra={"evaluator": evaluator.state_dict()},
         keep=trainer.cfg.train.max_checkpoints,
         protect=[best] if best is not None else [],
     )
+    if _sharded(trainer):
+        return save_sharded_checkpoint(trainer.state, trainer.ctx.run_dir, **args)
+    if trainer.dist.enabled and not trainer.dist.is_main:
+        barrier(trainer.dist)
+        return None
+    path = save_checkpoint(trainer.state, trainer.ctx.run_dir, **args)
     barrier(trainer.dist)
     return path
 
