@@ -43,6 +43,30 @@ def matmul_peak_flops(
     return 2.0 * n**3 / best
 
 
+def memory_bandwidth(*, mib: int = 256, threads: int = 2, reps: int = 6) -> float:
+    """Best bytes/s of copying a ``mib`` MiB float32 tensor into another with ``threads``.
+
+    A copy reads and writes every byte, so one copy moves ``2 x mib`` MiB. The tensor is far
+    larger than the caches, so this is the DRAM bandwidth a decoding step's weight reads see.
+    """
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(mib * 2**20 // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # first touch: page faults are not bandwidth
+        best = float("inf")
+        for _ in range(reps):
+            t = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(old)
+    return 2.0 * mib * 2**20 / best
+
+
 def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 

@@ -12,6 +12,12 @@ from benchmarks.seeds import render_over_seeds
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
 SIDES = ("rlvr", "rlvr-vllm", "trl")
 LABELS = {"rlvr": "rlvr (transformers)", "rlvr-vllm": "rlvr (vLLM)", "trl": "TRL"}
+# the phases set against their physical bound (bounds.py), with the bound each one has
+BOUND_LABELS = (
+    ("generation (weights + KV cache read per decoding step / memory bandwidth)", "generate"),
+    ("update (6 FLOPs per parameter per token / bf16 peak)", "update"),
+    ("weight sync (weights read + written / memory bandwidth)", "sync"),
+)
 PEER = "trl"
 # one ratio column per rlvr side present, against TRL
 RATIO_LABELS = {"rlvr": "rlvr/TRL", "rlvr-vllm": "rlvr+vLLM/TRL"}
@@ -94,7 +100,12 @@ def render_markdown(payload: dict) -> str:
         f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}",
         f"- bf16 matmul peak (2048x2048, threads: {payload['threads']}): "
         f"{payload['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s "
-        f"(float32: {payload['matmul_peak_gflops']['float32']:.0f})",
+        f"(float32: {payload['matmul_peak_gflops']['float32']:.0f})"
+        + (
+            f"; memory bandwidth (256 MiB copy): {payload['memory_bandwidth_gbs']:.1f} GB/s"
+            if "memory_bandwidth_gbs" in payload
+            else ""
+        ),
         f"- Workload: model {payload['model']}, {w['prompts_per_step']} prompts x "
         f"{w['group_size']} samples, at most {w['max_new_tokens']} new tokens, lr {w['lr']:g} "
         f"constant, Dr.GRPO, beta 0, one update per batch, micro-batch {w['micro_batch']}, "
@@ -110,6 +121,11 @@ def render_markdown(payload: dict) -> str:
 
     def phase(p):
         return lambda s: s["phase_median_s"].get(p)
+
+    def at_bound(p):
+        return lambda s: (
+            None if p not in s.get("phase_at_bound", {}) else 100 * s["phase_at_bound"][p]
+        )
 
     rows = [
         ("step time, median (s)", lambda s: s["step_time_median_s"], "{:.2f}", True),
@@ -136,6 +152,7 @@ def render_markdown(payload: dict) -> str:
             "{:.1f}",
             True,
         ),
+        *[(f"- {label}, % of bound", at_bound(p), "{:.1f}", True) for label, p in BOUND_LABELS],
         ("peak RSS, children included (MB)", lambda s: s.get("peak_rss_mb"), "{:.0f}", True),
         ("start-up until first step (s)", lambda s: s.get("startup_s"), "{:.1f}", True),
         ("training reward, mean", lambda s: s["reward_mean"], "{:.3f}", False),

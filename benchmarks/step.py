@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine import load_average, machine_info, matmul_peak_flops
+from benchmarks.bounds import bound_summary
+from benchmarks.machine import load_average, machine_info, matmul_peak_flops, memory_bandwidth
 from benchmarks.report import render_markdown, write_results
 from benchmarks.runner import REPO, Worker, alternate, worker_env
 from benchmarks.seeds import over_seeds, parse_seeds, plot_reward_vs_time
@@ -127,10 +128,15 @@ def prompts_agree(workers: dict[str, Worker], schedule: list[list[dict]]) -> boo
     return all(x[:n] == lens[0][:n] for x in lens)
 
 
-def side_result(w: Worker, warmup: int, peak_flops: float, target: float | None, window: int):
-    """Summary figures of one side (warm-up shortened when a target run stopped early)."""
+def side_result(w: Worker, warmup: int, hw: dict, target: float | None, window: int) -> dict:
+    """Summary figures of one side (warm-up shortened when a target run stopped early).
+
+    ``hw`` holds the machine's measured ``peak_flops`` (bf16 matmul) and memory ``bandwidth``
+    (bytes/s): the figures set each phase against its physical bound (``bounds.py``).
+    """
     eff_warmup = min(warmup, max(0, len(w.steps) - 1))
-    summary = summarize_side(w.steps, eff_warmup, w.ready, peak_flops)
+    summary = summarize_side(w.steps, eff_warmup, w.ready, hw["peak_flops"])
+    summary.update(bound_summary(w.steps[eff_warmup:], w.ready, hw["peak_flops"], hw["bandwidth"]))
     summary["warmup_used"] = eff_warmup
     summary["peak_rss_mb"] = w.rss.peak / 2**20
     summary["startup_s"] = w.ready.get("startup_s")
@@ -175,7 +181,7 @@ def run_seed(
     model_dir: Path,
     tokenizer,
     seed: int,
-    peak: float,
+    hw: dict,
 ) -> tuple[dict, bool]:
     """One side-by-side run with ``seed``: every side's result, and whether they saw the same
     prompts."""
@@ -226,7 +232,7 @@ def run_seed(
         for worker in workers.values():
             worker.close()
     sides = {
-        s: side_result(wk, warmup, peak, w.target_reward, w.target_window)
+        s: side_result(wk, warmup, hw, w.target_reward, w.target_window)
         for s, wk in workers.items()
     }
     return sides, prompts_agree(workers, schedule)
@@ -271,15 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         dt: matmul_peak_flops(dtype=dt, threads=args.threads) / 1e9
         for dt in ("bfloat16", "float32")
     }
+    bandwidth = memory_bandwidth(threads=args.threads)
     print(
-        f"[bench] matmul peak bf16 {peaks['bfloat16']:.0f} GFLOP/s, load {load_start}", flush=True
+        f"[bench] matmul peak bf16 {peaks['bfloat16']:.0f} GFLOP/s, memory bandwidth "
+        f"{bandwidth / 1e9:.1f} GB/s, load {load_start}",
+        flush=True,
     )
 
     from transformers import AutoTokenizer
 
     model_dir = prepare_model(w.model, work)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    peak = peaks["bfloat16"] * 1e9
+    hw = {"peak_flops": peaks["bfloat16"] * 1e9, "bandwidth": bandwidth}
     per_seed: dict[str, dict] = {}
     agree: list[bool] = []
     for seed in seeds:
@@ -288,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         seed_work = work if len(seeds) == 1 else work / f"seed{seed}"
         seed_work.mkdir(parents=True, exist_ok=True)
         per_seed[str(seed)], same = run_seed(
-            args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, peak
+            args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, hw
         )
         agree.append(same)
     load_end = load_average()
@@ -331,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_start": list(load_start),
         "load_average_end": list(load_end),
         "matmul_peak_gflops": peaks,
+        "memory_bandwidth_gbs": bandwidth / 1e9,
         "prompts_match": all(agree),
         "work_dir": str(work),
         "sides": sides,

@@ -88,6 +88,9 @@ def step_record(trainer, metrics: dict) -> dict:
         "completion_tokens": sum(len(c.token_ids) for c in comps),
         "prompt_tokens": sum(n * len(g) for n, g in zip(prompt_lens, groups, strict=True)),
         "prompt_lens": prompt_lens,
+        # one entry per sequence: what the generation bound (bounds.py) reads
+        "seq_prompt_lens": [n for n, g in zip(prompt_lens, groups, strict=True) for _ in g],
+        "completion_lens": [len(c.token_ids) for c in comps],
         "sequences": len(comps),
         "reward_mean": metrics["reward_mean"],
         "prompt_digest": prompt_digest(prompt_texts),

@@ -97,6 +97,8 @@ def build_trainer(spec: dict, gate: Gate):
                 completion_tokens=sum(len(c) for c in completion_ids),
                 sequences=len(completion_ids),
                 prompt_lens=[len(p) for p in prompt_ids[::g]],
+                seq_prompt_lens=[len(p) for p in prompt_ids],
+                completion_lens=[len(c) for c in completion_ids],
             )
             return out
 

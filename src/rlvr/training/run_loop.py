@@ -28,6 +28,7 @@ from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save
 from rlvr.training.checkpoint_dcp import restore_sharded_checkpoint, save_sharded_checkpoint
 from rlvr.training.distributed import barrier, full_state_dict
 from rlvr.training.policy import save_model_folder
+from rlvr.training.run_setup import precision_text
 from rlvr.training.step import sync_engine
 
 
@@ -158,6 +159,7 @@ def run_training(trainer) -> dict:
     spikes = SpikeLog(run_dir, threshold=cfg.logging.spike_threshold)
     write_status(run_dir, "running")
     main = trainer.dist.is_main
+    precision = precision_text(cfg, trainer.ctx.autocast, trainer.ctx.device)
     if main:
         ranks = f", processes: {trainer.dist.world_size}" if trainer.dist.enabled else ""
         print(
@@ -165,10 +167,12 @@ def run_training(trainer) -> dict:
             f"objective: {cfg.algo.objective}{ranks})",
             flush=True,
         )
+        print(f"[rlvr] precision: {precision}", flush=True)
     summary: dict = {
         "run_dir": str(run_dir),
         "engine": trainer.engine.name,
         "objective": cfg.algo.objective,
+        "precision": precision,
     }
     t_run = time.perf_counter()
     try:

@@ -76,6 +76,19 @@ def resolve_autocast(cfg: Config, device: torch.device) -> bool:
     return cfg.model.autocast == "bf16" or (cfg.model.autocast == "auto" and bf16_supported(device))
 
 
+def precision_text(cfg: Config, autocast: bool, device: torch.device) -> str:
+    """Which precision the forward passes use and why, for the run's first line.
+
+    On a CPU without AVX512-BF16 or AMX (AVX2 only) bf16 matmuls are emulated and slower than
+    float32, so ``model.autocast=auto`` trains in float32 there and says so.
+    """
+    why = f"model.autocast={cfg.model.autocast}"
+    if cfg.model.autocast == "auto":
+        fast = "has" if autocast else "has no"
+        why += f": this {torch.device(device).type.upper()} {fast} a bf16 fast path"
+    return f"{'bf16 autocast' if autocast else 'float32'} ({why})"
+
+
 def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
     """What a multi-process run cannot do (yet), each naming the knob."""
     if not info.enabled:

@@ -1,0 +1,31 @@
+"""model.autocast=auto picks the fast precision of the machine and the run says which."""
+
+from __future__ import annotations
+
+import pytest
+from tests.training.test_train_e2e import tiny_config
+
+from rlvr.training import run_setup
+from rlvr.training.trainer import Trainer
+
+
+@pytest.mark.parametrize("fast_bf16, expected", [(True, "bf16 autocast"), (False, "float32")])
+def test_auto_precision_follows_the_cpu_and_is_printed(
+    tiny_model_dir, tmp_path, monkeypatch, capsys, fast_bf16, expected
+):
+    # an AVX2-only CPU (no bf16 fast path) must train in float32, an AVX512-BF16 one in bf16
+    monkeypatch.setattr(run_setup, "bf16_supported", lambda device: fast_bf16)
+    cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=auto", "train.max_steps=1")
+    trainer = Trainer(cfg)
+    assert trainer.ctx.autocast is fast_bf16
+    summary = trainer.fit()
+    has = "has" if fast_bf16 else "has no"
+    line = f"[rlvr] precision: {expected} (model.autocast=auto: this CPU {has} a bf16 fast path)"
+    assert line in capsys.readouterr().out
+    assert summary["precision"] == line.removeprefix("[rlvr] precision: ")
+
+
+def test_an_explicit_choice_is_named_as_such(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(run_setup, "bf16_supported", lambda device: True)
+    cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=off", "train.max_steps=1")
+    assert Trainer(cfg).fit()["precision"] == "float32 (model.autocast=off)"
