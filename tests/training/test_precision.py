@@ -19,8 +19,8 @@ def test_auto_precision_follows_the_cpu_and_is_printed(
     trainer = Trainer(cfg)
     assert trainer.ctx.autocast is fast_bf16
     summary = trainer.fit()
-    has = "has" if fast_bf16 else "has no"
-    line = f"[rlvr] precision: {expected} (model.autocast=auto: this CPU {has} a bf16 fast path)"
+    has = "has a" if fast_bf16 else "has no"
+    line = f"[rlvr] precision: {expected} (model.autocast=auto: this CPU {has} bf16 fast path)"
     assert line in capsys.readouterr().out
     assert summary["precision"] == line.removeprefix("[rlvr] precision: ")
 

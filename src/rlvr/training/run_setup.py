@@ -84,8 +84,8 @@ def precision_text(cfg: Config, autocast: bool, device: torch.device) -> str:
     """
     why = f"model.autocast={cfg.model.autocast}"
     if cfg.model.autocast == "auto":
-        fast = "has" if autocast else "has no"
-        why += f": this {torch.device(device).type.upper()} {fast} a bf16 fast path"
+        fast = "has a" if autocast else "has no"
+        why += f": this {torch.device(device).type.upper()} {fast} bf16 fast path"
     return f"{'bf16 autocast' if autocast else 'float32'} ({why})"
 
 
