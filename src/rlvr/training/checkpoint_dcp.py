@@ -2,10 +2,12 @@
 
 Same folder, marker and rotation rules as ``checkpoint.py``; the differences:
 
-    dcp/                   DCP files: every rank writes its shard of the model and the optimizer
+    dcp/                   DCP files: every rank writes its shard of ``model`` (a LoRA run:
+                           its adapters only), ``objective`` (PPO's critic) and ``optim``
     rank_R.pt              per-rank RNG states (ranks draw different random numbers)
-    model/                 config + tokenizer only (no weights; ``export_full_model`` makes them)
-    trainer_state.pt       scheduler, the objective's modules (rank 0)
+    model/                 config (+ adapter_config.json) + tokenizer only (no weights;
+                           ``export_full_model`` makes them)
+    trainer_state.pt       scheduler (rank 0)
     trainer_state.json     as in ``checkpoint.py``; COMPLETE records ``"sharded": world size``
 
 Every rank writes into ``checkpoints/.tmp-step_N``; after a barrier rank 0 fsyncs, writes
@@ -248,8 +250,9 @@ def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
     return plain["extra"]
 
 
-def full_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The full (unsharded) model weights of a sharded checkpoint, in one process."""
+def full_model_state(path: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    """The full (unsharded) model weights of a sharded checkpoint, in one process (``part``
+    ``"objective"``: the objective's modules, e.g. ``value_head.weight``)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     path = Path(path)
@@ -261,7 +264,7 @@ def full_model_state(path: Path) -> dict[str, torch.Tensor]:
         saved = torch.load(scratch, map_location="cpu", weights_only=True)
     finally:
         scratch.unlink(missing_ok=True)
-    return saved["model"]
+    return saved[part]
 
 
 def _save_adapter_config(model: torch.nn.Module, folder: Path) -> None:
@@ -287,9 +290,8 @@ def _export_adapter(path: Path, out: Path) -> Path:
     peft_cfg.inference_mode = False  # trainable adapters: their names are the expected keys
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / MODEL_DIR))
-    recorded = peft_cfg.base_model_name_or_path
+    base.name_or_path = peft_cfg.base_model_name_or_path  # the recorded base, not model/
     model = get_peft_model(base, peft_cfg)
-    model.peft_config[ADAPTER_NAME].base_model_name_or_path = recorded  # not the meta stand-in
     expected = {n for n, p in model.named_parameters() if p.requires_grad}
     if set(weights) != expected:
         raise CheckpointError(
