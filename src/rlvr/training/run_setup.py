@@ -311,9 +311,7 @@ def setup_run(
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     train_model = wrap_model(model, info, cfg.train.parallel)  # before the optimizer sees params
     params = [p for p in model.parameters() if p.requires_grad]
-    extra = objective.attach(
-        model, device, wrap=lambda m: wrap_module(m, info, cfg.train.parallel)
-    )
+    extra = objective.attach(model, device, wrap=lambda m: wrap_module(m, info, cfg.train.parallel))
     groups = [{"params": params, "lr": cfg.train.lr}, *extra]
     optimizer = torch.optim.AdamW(
         groups,
