@@ -17,15 +17,18 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 ONE = [sys.executable]
 
 
-def train_args(model_dir: Path, out: Path, name: str, steps: int, *extra: str) -> list[str]:
-    """A tiny run: 4 prompts x 4 replies of 8 tokens a step, per-prompt sampling seeds (the
-    replies do not depend on how prompts are split over ranks), no autocast, one thread."""
+def train_args(
+    model_dir: Path, out: Path, name: str, steps: int, *extra: str, new_tokens: int = 8
+) -> list[str]:
+    """A tiny run: 4 prompts x 4 replies of ``new_tokens`` tokens a step, per-prompt sampling
+    seeds (the replies do not depend on how prompts are split over ranks), no autocast, one
+    thread."""
     return [
         f"model.name_or_path={model_dir}",
         f"train.output_dir={out}",
         f"train.run_name={name}",
         "data.template=none",
-        "rollout.max_new_tokens=8",
+        f"rollout.max_new_tokens={new_tokens}",
         "logging.progress=false",
         "eval.before_after=false",
         "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
@@ -43,8 +46,12 @@ def train_args(model_dir: Path, out: Path, name: str, steps: int, *extra: str) -
 
 def run(launcher: list[str], args: list[str], cwd: Path) -> None:
     """``launcher -m rlvr train args`` (``ONE`` or ``TORCHRUN``); fails the test on an error."""
+    run_command([*launcher, "-m", "rlvr", "train", *args], cwd)
+
+
+def run_command(cmd: list[str], cwd: Path) -> None:
+    """``cmd`` with one OpenMP thread per process; fails the test on an error."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [*launcher, "-m", "rlvr", "train", *args]
     res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 

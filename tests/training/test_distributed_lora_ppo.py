@@ -25,6 +25,7 @@ from dist_support import (
 )
 
 from rlvr.eval.loading import resolve_source
+from rlvr.merge import merge_checkpoint
 from rlvr.training.checkpoint import TENSOR_STATE, latest_checkpoint
 from rlvr.training.checkpoint_dcp import export_full_model, full_model_state, is_sharded
 
@@ -101,6 +102,12 @@ def test_lora_fsdp2_two_ranks_match_one_process_and_reproduce(tiny_model_dir, tm
     assert source.is_adapter and Path(source.model) == export_full_model(ckpt.path)
     exported = weights(Path(source.model))
     assert all(torch.equal(exported[k], a2[k]) for k in a2)
+    # `rlvr merge` of the sharded checkpoint: the base with the run's final adapter folded in
+    merged = weights(merge_checkpoint(ckpt.path, tmp_path / "merged"))
+    want = weights(merge_checkpoint(two / "final", tmp_path / "merged_final"))
+    assert merged.keys() == want.keys() and all(torch.equal(merged[k], want[k]) for k in want)
+    base = weights(tiny_model_dir)
+    assert max(float((merged[k] - base[k]).abs().max()) for k in merged if k in base) > 1e-3
 
 
 @pytest.fixture(scope="module")
