@@ -55,7 +55,8 @@ def default_out(path: Path) -> Path:
 
 def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = None) -> Path:
     """Write the merged model (+ tokenizer) of the LoRA checkpoint or adapter folder ``path``
-    (a sharded FSDP2 checkpoint: its full weights gathered into one HF folder).
+    (a sharded FSDP2 checkpoint: its full weights gathered into one HF folder, or its LoRA
+    adapter gathered, then merged).
 
         The output is written under a temporary name and renamed, and an existing ``out`` is refused.
         Returns the output folder.
@@ -67,12 +68,15 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
     from rlvr.training.policy import resolve_model_path, save_model_folder
 
-    if Path(path).is_dir() and is_sharded(Path(path)):  # FSDP2 shards -> one full HF model
+    sharded = Path(path).is_dir() and is_sharded(Path(path))
+    if sharded and not (Path(path) / MODEL_DIR / ADAPTER_CONFIG).exists():
+        # FSDP2 shards of full weights -> one full HF model
         out = Path(out) if out is not None else default_out(Path(path))
         if out.exists():
             raise FileExistsError(f"{out} exists; remove it or pick another --out")
         return export_full_model(Path(path), out)
-    adapter = adapter_folder(path)
+    # a LoRA run's sharded checkpoint: its adapter is exported to step_N/full_model, then merged
+    adapter = export_full_model(Path(path)) if sharded else adapter_folder(path)
     model_cfg = _model_config(Path(path))
     base = base or model_cfg.get("name_or_path")
     if not base:

@@ -109,21 +109,18 @@ def test_two_ranks_keep_drawing_together(tiny_model_dir, tmp_path):
     informative groups; generation and scoring are collective, so both ranks draw the same
     number of rounds (a rank that is full keeps drawing while the other is short). The run
     finishes and the global batch holds 4 informative groups."""
-    import sys
+    from dist_support import TORCHRUN, run, train_args
+    from dist_support import steps as run_steps
 
-    from test_distributed import _args, _run, _steps
-
-    args = _args(tiny_model_dir, tmp_path, "two", "ddp")
-    args = [a for a in args if not a.startswith(("reward.specs", "train.max_steps"))]
+    args = train_args(tiny_model_dir, tmp_path, "two", 2, "train.parallel=ddp")
+    args = [a for a in args if not a.startswith("reward.specs")]
     args += [
         "reward.specs=[{name: 'toy_rewards:varies_on_odd_answers'}]",
         "algo.dynamic_sampling=true",
         "algo.dynamic_sampling_max_rounds=8",
-        "train.max_steps=2",
     ]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    _run([*torchrun, "--nproc-per-node", "2", "-m", "rlvr", "train", *args], tmp_path)
-    steps = _steps(tmp_path / "two")
+    run(TORCHRUN, args, tmp_path)
+    steps = run_steps(tmp_path / "two")
     assert [m["step"] for m in steps] == [1, 2]
     for m in steps:
         assert m["ds_prompts_kept"] == 4.0 and m["zero_var_group_frac"] == 0.0

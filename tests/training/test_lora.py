@@ -144,3 +144,31 @@ def test_lora_run_trains_only_adapters_saves_only_them_and_merges(tiny_model_dir
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(unadapted, want, atol=1e-4)  # the adapters did change the model
     assert cli_main(["merge", str(ckpt.path), "--out", str(out)]) == 2  # never overwrites
+
+
+def test_lora_matrices_are_drawn_from_train_seed_alone(tiny_model_dir, tmp_path):
+    """torch's default generator starts from a random seed in every process: the adapters must
+    not depend on it (two invocations, or two FSDP2 ranks each keeping a shard of its own draw,
+    would otherwise start from different A matrices)."""
+
+    def lora_a(seed: int, rng: int, name: str) -> dict[str, torch.Tensor]:
+        cfg = load_config(
+            None,
+            [
+                f"model.name_or_path={tiny_model_dir}",
+                f"train.output_dir={tmp_path}",
+                f"train.run_name={name}",
+                "data.template=none",
+                "model.lora.enabled=true",
+                "model.lora.rank=4",
+                f"train.seed={seed}",
+            ],
+        )
+        torch.manual_seed(rng)  # whatever state the process happens to be in
+        model = Trainer(cfg).model
+        return {k: v.detach().clone() for k, v in model.named_parameters() if ".lora_A." in k}
+
+    first, second = lora_a(0, 1, "a"), lora_a(0, 2, "b")
+    assert first and all(torch.equal(first[k], second[k]) for k in first)
+    other = lora_a(1, 1, "c")
+    assert not torch.equal(first[next(iter(first))], other[next(iter(other))])

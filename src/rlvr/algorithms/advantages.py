@@ -7,6 +7,8 @@ update, so every function here returns a tensor without gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -160,20 +162,30 @@ def gae_advantages(
 
 
 @torch.no_grad()
-def whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def whiten(
+    values: Tensor,
+    mask: Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    total: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
     """Normalise ``values`` ``[N, T]`` to zero mean and unit variance over the masked tokens.
 
     Uses the population (biased) variance over all masked tokens of the batch. With
     ``shift_mean=False`` the mean is added back (only the scale changes), as PPO implementations
-    do for rewards. Returns ``[N, T]`` with 0 at masked positions.
+    do for rewards. Returns ``[N, T]`` with 0 at masked positions. ``total`` sums a tensor over
+    the parts of a batch split across processes, so the mean and variance are the whole batch's
+    (two passes, as in one process); None: this is the whole batch.
     """
     require_same_shape(values=values, mask=mask)
     m = require_mask("mask", mask)
     mf = m.to(values.dtype)
-    count = mf.sum().clamp(min=1)
+    total = total or (lambda t: t)
     x = torch.where(m, values, torch.zeros_like(values))
-    mean = x.sum() / count
-    var = ((x - mean) * mf).pow(2).sum() / count
+    count, sum_x = total(torch.stack([mf.sum(), x.sum()]))
+    count = count.clamp(min=1)
+    mean = sum_x / count
+    var = total(((x - mean) * mf).pow(2).sum()) / count
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean

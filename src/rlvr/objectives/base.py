@@ -44,6 +44,11 @@ def register(name: str) -> Callable[[T], T]:
     return decorator
 
 
+def no_wrap(module: torch.nn.Module) -> torch.nn.Module:
+    """``attach``'s default ``wrap``: one process, nothing to reduce."""
+    return module
+
+
 @dataclass(frozen=True)
 class Needs:
     """What the step computes before ``prepare``: each costs a forward pass over the batch."""
@@ -75,10 +80,22 @@ class Objective:
         return []
 
     # ------------------------------------------------------------------ set-up
-    def attach(self, model: torch.nn.Module, device: torch.device) -> list[dict]:
+    def attach(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        wrap: Callable[[torch.nn.Module], torch.nn.Module] = no_wrap,
+    ) -> list[dict]:
         """Build modules this objective trains besides the policy (a critic); returns their
-        optimizer parameter groups."""
+        optimizer parameter groups. ``wrap`` (``training.distributed.wrap_module``) makes a
+        module reduce its gradients over ranks: call the module it returns, and take the
+        parameters after wrapping (FSDP2 replaces them by sharded ones)."""
         return []
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """The modules ``attach`` built, by name (the plain modules, not their wrappers): a
+        sharded checkpoint saves them beside the policy."""
+        return {}
 
     def state_dict(self) -> dict | None:
         """Weights of the modules ``attach`` built, for a checkpoint (None: nothing)."""

@@ -8,11 +8,14 @@ always does and OpenRLHF does by default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rlvr.algorithms import gae_advantages, value_loss, whiten
-from rlvr.objectives.base import Needs, Objective, register
+from rlvr.objectives.base import Needs, Objective, no_wrap, register
 from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
+from rlvr.training.distributed import sum_over_ranks
 from rlvr.training.policy import SequenceBatch, completion_outputs
 
 
@@ -23,13 +26,24 @@ class PPO(Objective):
     def __init__(self, cfg, tokenizer=None) -> None:
         super().__init__(cfg, tokenizer)
         self.value_head: torch.nn.Linear | None = None
+        self._value_fn: torch.nn.Module | None = None  # the head, or its DDP wrapper
 
-    def attach(self, model: torch.nn.Module, device: torch.device) -> list[dict]:
+    def attach(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        wrap: Callable[[torch.nn.Module], torch.nn.Module] = no_wrap,
+    ) -> list[dict]:
         head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         self.value_head = head
+        # several processes: the critic's gradients are averaged over ranks like the policy's
+        self._value_fn = wrap(head)
         return [{"params": list(head.parameters()), "lr": self.cfg.algo.ppo.value_lr}]
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {} if self.value_head is None else {"value_head": self.value_head}
 
     def state_dict(self) -> dict | None:
         return None if self.value_head is None else self.value_head.state_dict()
@@ -47,7 +61,7 @@ class PPO(Objective):
     def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
         """Policy logits and the critic's value of each completion position ``[B, Tc]``."""
         logits, hidden = completion_outputs(model, sb, hidden_states=True)
-        return {"logits": logits, "values": self.value_head(hidden.float()).squeeze(-1)}
+        return {"logits": logits, "values": self._value_fn(hidden.float()).squeeze(-1)}
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         comp_ids = batch.comp_ids
@@ -62,8 +76,9 @@ class PPO(Objective):
         values = pad_rows(batch.values, mask.shape[1])
         p = self.cfg.algo.ppo
         adv, returns = gae_advantages(rewards, values, mask, p.gamma, p.lam)
-        if p.whiten_advantages and mask.sum() > 1:
-            adv = whiten(adv, mask)
+        # the whole batch's statistics, over every rank's slice, as in one process
+        if p.whiten_advantages and sum_over_ranks(mask.sum()) > 1:
+            adv = whiten(adv, mask, total=sum_over_ranks)
         batch.advantages = [adv[i, : len(c)] for i, c in enumerate(comp_ids)]
         batch.tok["returns"] = [returns[i, : len(c)] for i, c in enumerate(comp_ids)]
         batch.tok["old_values"] = [values[i, : len(c)] for i, c in enumerate(comp_ids)]

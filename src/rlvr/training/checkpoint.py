@@ -363,13 +363,17 @@ def restore_checkpoint(state: TrainState, path: Path) -> dict:
     return plain["extra"]
 
 
-def restore_train_counters(state: TrainState, tensors: dict, plain: dict, path: Path) -> None:
+def restore_train_counters(
+    state: TrainState, tensors: dict, plain: dict, path: Path, *, objective: bool = True
+) -> None:
     """What a full and a sharded checkpoint restore alike, besides model and optimizer: the
-    scheduler, the objective's modules, the data position, the KL coefficient, the step counter
-    and the policy version."""
+    scheduler, the objective's modules (unless ``objective`` is false: a sharded checkpoint
+    restores them with the policy), the data position, the KL coefficient, the step counter and
+    the policy version."""
     state.scheduler.load_state_dict(tensors["scheduler"])
     try:
-        state.objective.load_state_dict(tensors["objective"])
+        if objective:
+            state.objective.load_state_dict(tensors["objective"])
     except ValueError as exc:
         raise CheckpointError(f"{path}: {exc}") from None
     state.sampler.load_state_dict(plain["sampler"])

@@ -2,10 +2,12 @@
 
 Same folder, marker and rotation rules as ``checkpoint.py``; the differences:
 
-    dcp/                   DCP files: every rank writes its shard of the model and the optimizer
+    dcp/                   DCP files: every rank writes its shard of ``model`` (a LoRA run:
+                           its adapters only), ``objective`` (PPO's critic) and ``optim``
     rank_R.pt              per-rank RNG states (ranks draw different random numbers)
-    model/                 config + tokenizer only (no weights; ``export_full_model`` makes them)
-    trainer_state.pt       scheduler, the objective's modules (rank 0)
+    model/                 config (+ adapter_config.json) + tokenizer only (no weights;
+                           ``export_full_model`` makes them)
+    trainer_state.pt       scheduler (rank 0)
     trainer_state.json     as in ``checkpoint.py``; COMPLETE records ``"sharded": world size``
 
 Every rank writes into ``checkpoints/.tmp-step_N``; after a barrier rank 0 fsyncs, writes
@@ -15,6 +17,7 @@ process (``rlvr eval``, ``rlvr merge``) through ``export_full_model``.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -55,6 +58,8 @@ if TYPE_CHECKING:
 
 DCP_DIR = "dcp"
 FULL_MODEL_DIR = "full_model"
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_NAME = "default"  # the one adapter rlvr.training.lora trains
 
 
 def is_sharded(path: Path) -> bool:
@@ -67,10 +72,64 @@ def _rank_file(rank: int) -> str:
     return f"rank_{rank}.pt"
 
 
-def _model_optim_state(state: TrainState) -> tuple[dict, dict]:
+_POLICY, _OBJECTIVE = "policy", "objective"
+
+
+def _stateful(state: TrainState) -> tuple[torch.nn.Module, Any]:
+    """The module whose parameters the optimizer holds, and the state-dict options.
+
+    The objective's modules (PPO's critic) are trained by the same optimizer, so they are saved
+    beside the policy: one module holding both. A LoRA run saves its trainable weights only (the
+    frozen base comes from ``model.name_or_path``, as in a one-process LoRA checkpoint).
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from rlvr.training.lora import is_lora_model
+
+    lora = is_lora_model(state.model)
+    options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
+    modules = state.objective.modules()
+    if not modules:
+        return state.model, options
+    both = torch.nn.ModuleDict({_POLICY: state.model, _OBJECTIVE: torch.nn.ModuleDict(modules)})
+    return both, options
+
+
+def _model_optim_state(state: TrainState) -> dict[str, dict]:
+    """What DCP saves: ``model`` (the policy's weights, under their own names), ``objective``
+    (its modules' weights; empty when it has none) and ``optim``."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return get_state_dict(state.model, state.optimizer)
+    module, options = _stateful(state)
+    weights, optim = get_state_dict(module, state.optimizer, options=options)
+    if options.ignore_frozen_params:
+        # a frozen weight tied to another (lm_head to the embeddings) can slip through
+        trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+        weights = {k: v for k, v in weights.items() if k in trainable}
+    if module is state.model:
+        return {"model": weights, _OBJECTIVE: {}, "optim": optim}
+    split: dict[str, dict] = {_POLICY: {}, _OBJECTIVE: {}}
+    for key, value in weights.items():
+        part, name = key.split(".", 1)
+        split[part][name] = value
+    return {"model": split[_POLICY], _OBJECTIVE: split[_OBJECTIVE], "optim": optim}
+
+
+def _set_model_optim_state(state: TrainState, loaded: dict[str, dict]) -> None:
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    module, options = _stateful(state)
+    weights = dict(loaded["model"])
+    if module is not state.model:
+        weights = {f"{_POLICY}.{k}": v for k, v in loaded["model"].items()}
+        weights.update({f"{_OBJECTIVE}.{k}": v for k, v in loaded[_OBJECTIVE].items()})
+    set_state_dict(
+        module,
+        state.optimizer,
+        model_state_dict=weights,
+        optim_state_dict=loaded["optim"],
+        options=options,
+    )
 
 
 def _all_ok(ok: bool) -> bool:
@@ -113,18 +172,19 @@ def save_sharded_checkpoint(
             error = exc
     if _all_ok(error is None):
         tensors, plain = capture_state(state, extra)
-        model_sd, optim_sd = _model_optim_state(state)
+        sharded = _model_optim_state(state)
         try:
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / DCP_DIR))
+            dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR))
             with open(tmp / _rank_file(rank), "wb") as f:
                 torch.save({"rng": tensors["rng"], "rng_plain": json.dumps(plain["rng"])}, f)
             if rank == 0:
                 state.model.config.save_pretrained(tmp / MODEL_DIR)
+                _save_adapter_config(state.model, tmp / MODEL_DIR)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp / MODEL_DIR)
                 with open(tmp / TENSOR_STATE, "wb") as f:
-                    rank0 = {k: tensors[k] for k in ("scheduler", "objective", "rng")}
-                    torch.save(rank0, f)
+                    # the objective's modules are sharded like the policy: they are in dcp/
+                    torch.save({k: tensors[k] for k in ("scheduler", "rng")}, f)
                 (tmp / PLAIN_STATE).write_text(json.dumps(plain))
                 (tmp / CONFIG_FILE).write_text(config_yaml)
         except Exception as exc:
@@ -168,7 +228,6 @@ def save_sharded_checkpoint(
 def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
     """Every rank calls this: the sharded counterpart of ``checkpoint.restore_checkpoint``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
     manifest = read_marker(path) or {}
@@ -179,23 +238,21 @@ def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
             "resume with the same number of processes (or export it with `rlvr eval`/`rlvr merge`)"
         )
     tensors, plain = read_state(path)
-    model_sd, optim_sd = _model_optim_state(state)
-    loaded = {"model": model_sd, "optim": optim_sd}
-    dcp.load(loaded, checkpoint_id=str(path / DCP_DIR))
-    set_state_dict(
-        state.model,
-        state.optimizer,
-        model_state_dict=loaded["model"],
-        optim_state_dict=loaded["optim"],
-    )
-    restore_train_counters(state, tensors, plain, path)
+    loaded = _model_optim_state(state)
+    try:
+        dcp.load(loaded, checkpoint_id=str(path / DCP_DIR))
+    except Exception as exc:  # DCP names the missing keys (another objective, LoRA shape, ...)
+        raise CheckpointError(f"{path}: the sharded state does not fit this run: {exc}") from exc
+    _set_model_optim_state(state, loaded)
+    restore_train_counters(state, tensors, plain, path, objective=False)
     mine = torch.load(path / _rank_file(dist.get_rank()), map_location="cpu", weights_only=True)
     set_rng_state(json.loads(mine["rng_plain"]), mine["rng"])
     return plain["extra"]
 
 
-def full_model_state(path: Path) -> dict[str, torch.Tensor]:
-    """The full (unsharded) model weights of a sharded checkpoint, in one process."""
+def full_model_state(path: Path, part: str = "model") -> dict[str, torch.Tensor]:
+    """The full (unsharded) model weights of a sharded checkpoint, in one process (``part``
+    ``"objective"``: the objective's modules, e.g. ``value_head.weight``)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     path = Path(path)
@@ -207,18 +264,70 @@ def full_model_state(path: Path) -> dict[str, torch.Tensor]:
         saved = torch.load(scratch, map_location="cpu", weights_only=True)
     finally:
         scratch.unlink(missing_ok=True)
-    return saved["model"]
+    return saved[part]
+
+
+def _save_adapter_config(model: torch.nn.Module, folder: Path) -> None:
+    """A LoRA run: ``adapter_config.json`` beside the model config, as ``save_pretrained`` of
+    the adapter writes it (the export turns the sharded adapter weights into a peft folder)."""
+    from rlvr.training.lora import is_lora_model
+
+    if is_lora_model(model):
+        peft_cfg = copy.deepcopy(model.peft_config[ADAPTER_NAME])
+        peft_cfg.inference_mode = True
+        peft_cfg.save_pretrained(str(folder))
+
+
+def _export_adapter(path: Path, out: Path) -> Path:
+    """The LoRA adapter of a sharded checkpoint as a peft folder (``adapter_config.json``,
+    ``adapter_model.safetensors``, tokenizer): peft names the weights, on a base model built
+    on the meta device (no base weights are read or allocated)."""
+    from peft import PeftConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    weights = full_model_state(path)
+    peft_cfg = PeftConfig.from_pretrained(str(path / MODEL_DIR))
+    peft_cfg.inference_mode = False  # trainable adapters: their names are the expected keys
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path / MODEL_DIR))
+    base.name_or_path = peft_cfg.base_model_name_or_path  # the recorded base, not model/
+    model = get_peft_model(base, peft_cfg)
+    expected = {n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != expected:
+        raise CheckpointError(
+            f"{path}: the sharded adapter does not fit its adapter_config.json (only saved: "
+            f"{sorted(set(weights) - expected)[:3]}, only expected: "
+            f"{sorted(expected - set(weights))[:3]})"
+        )
+    tmp = out.parent / (TMP_PREFIX + out.name)
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp), state_dict=weights)
+    return _finish_export(path, tmp, out, skip=("config.json",))
+
+
+def _finish_export(path: Path, tmp: Path, out: Path, skip: tuple[str, ...] = ()) -> Path:
+    for f in (path / MODEL_DIR).iterdir():  # tokenizer files
+        if f.is_file() and f.name not in skip and not (tmp / f.name).exists():
+            shutil.copy2(f, tmp / f.name)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
 
 
 def export_full_model(path: Path, out: Path | None = None) -> Path:
-    """Write an HF folder (config, tokenizer, full weights or LoRA adapter) of a sharded
-    checkpoint, by default ``path/full_model``; returns it. Runs in one process."""
+    """Write an HF folder (config, tokenizer, full weights; or a LoRA run's adapter folder) of a
+    sharded checkpoint, by default ``path/full_model``; returns it. Runs in one process."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
     out = Path(out) if out is not None else path / FULL_MODEL_DIR
-    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+    if any(out.glob("*.safetensors")) and any(
+        (out / f).exists() for f in ("config.json", ADAPTER_CONFIG)
+    ):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if (path / MODEL_DIR / ADAPTER_CONFIG).exists():
+        return _export_adapter(path, out)
     weights = full_model_state(path)
     config = AutoConfig.from_pretrained(path / MODEL_DIR)
     model = AutoModelForCausalLM.from_config(config)
@@ -229,13 +338,7 @@ def export_full_model(path: Path, out: Path | None = None) -> Path:
             f"{path}: the sharded weights do not fit the model "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / (TMP_PREFIX + out.name)
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
-    for f in (path / MODEL_DIR).iterdir():  # tokenizer files
-        if f.is_file() and not (tmp / f.name).exists():
-            shutil.copy2(f, tmp / f.name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+    return _finish_export(path, tmp, out)

@@ -65,21 +65,42 @@ def device_for(info: DistInfo, requested: str) -> torch.device:
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, mode: str) -> torch.nn.Module:
     """FSDP2 (``fully_shard`` on each decoder layer, then the root) or DDP; identity when alone."""
+    if not info.enabled or mode == "ddp":
+        return wrap_module(model, info, mode)
+    _check_mode(mode)
+    from torch.distributed.fsdp import fully_shard
+
+    # A LoRA model (peft.PeftModel) is sharded inside: its transformers model is the root, since
+    # generate() and forward() both reach that module, so its hooks gather the root parameters
+    # (embeddings, final norm, head) whichever way the model is called.
+    root = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for layer in _decoder_layers(root):
+        fully_shard(layer)
+    fully_shard(root)
+    return model
+
+
+def wrap_module(module: torch.nn.Module, info: DistInfo, mode: str) -> torch.nn.Module:
+    """A module without repeated blocks (PPO's value head) wrapped so that its gradients are
+    averaged over ranks like the policy's: ``fully_shard`` (in place; its parameters become
+    DTensors, as the policy's, so one gradient clip covers both) or DDP (returns the wrapper,
+    which shares the module's parameters). Identity when alone."""
     if not info.enabled:
-        return model
+        return module
+    _check_mode(mode)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [info.local_rank] if next(model.parameters()).is_cuda else None
-        return DistributedDataParallel(model, device_ids=ids)
-    if mode != "fsdp2":
-        raise ValueError(f"train.parallel={mode!r} is unknown; known: fsdp2, ddp")
+        ids = [info.local_rank] if next(module.parameters()).is_cuda else None
+        return DistributedDataParallel(module, device_ids=ids)
     from torch.distributed.fsdp import fully_shard
 
-    for layer in _decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
-    return model
+    return fully_shard(module)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("fsdp2", "ddp"):
+        raise ValueError(f"train.parallel={mode!r} is unknown; known: fsdp2, ddp")
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -109,6 +130,16 @@ def all_reduce_sum(values: list[float], info: DistInfo) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def sum_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """``t`` summed over the ranks of the process group (``t`` itself when alone), for batch
+    statistics of a batch split over ranks (PPO's advantage whitening)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
 
 
 def all_gather_objects(obj: Any, info: DistInfo) -> list[Any]:

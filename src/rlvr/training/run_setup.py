@@ -22,6 +22,7 @@ from rlvr.training.distributed import (
     device_for,
     init_distributed,
     wrap_model,
+    wrap_module,
 )
 from rlvr.training.freeze import default_freeze, freeze_prefixes
 from rlvr.training.memory_plan import memory_preflight
@@ -101,17 +102,10 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
         out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
-    if build_objective(cfg).needs().values:
-        out.append(
-            f"algo.objective={cfg.algo.objective} runs in one process only for now (its value "
-            "head is not sharded)"
-        )
     if cfg.rollout.engine == "vllm":
         out.append(
             "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
         )
-    if cfg.train.parallel == "fsdp2" and cfg.model.lora.enabled:
-        out.append("model.lora.enabled with several processes: use train.parallel=ddp")
     return out
 
 
@@ -315,6 +309,10 @@ def setup_run(
     if cfg.model.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         (enable or model.gradient_checkpointing_enable)()
+    # New weights (LoRA's A matrices, an objective's modules) are drawn from train.seed alone:
+    # torch's default generator starts from a random seed in every process, so without this two
+    # invocations, and under FSDP2 the shards each rank keeps, would start from different draws.
+    torch.manual_seed(cfg.train.seed)
     if cfg.model.lora.enabled:
         from rlvr.training.lora import apply_lora
 
@@ -326,7 +324,8 @@ def setup_run(
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     train_model = wrap_model(model, info, cfg.train.parallel)  # before the optimizer sees params
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": params, "lr": cfg.train.lr}, *objective.attach(model, device)]
+    extra = objective.attach(model, device, wrap=lambda m: wrap_module(m, info, cfg.train.parallel))
+    groups = [{"params": params, "lr": cfg.train.lr}, *extra]
     optimizer = torch.optim.AdamW(
         groups,
         lr=cfg.train.lr,
