@@ -23,7 +23,7 @@ def vlm(tmp_path_factory):
     from transformers import AutoModelForImageTextToText
 
     from rlvr.training.tiny import save_tiny_vlm
-    from rlvr.training.tiny_vlm import load_processor
+    from rlvr.training.vlm import load_processor
 
     torch.set_num_threads(2)
     path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")

@@ -158,6 +158,7 @@ def load_rows_with_report(
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
     from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
+    from rlvr.data.multimodal import resolve_image_paths
 
     src = parse_source(path, split)
     if answer_extract not in ANSWER_EXTRACT:
@@ -184,6 +185,8 @@ def load_rows_with_report(
             report.skipped.append(BadRow(source=source, kind=bad.kind, message=message))
             continue
         row["_source"] = source
+        if src.kind == "file" and row.get("images"):  # rlvr.data.multimodal.IMAGE_FIELD
+            resolve_image_paths(row, Path(path).parent)
         rows.append(row)
         if limit is not None and len(rows) >= limit:
             break

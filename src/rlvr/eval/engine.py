@@ -92,9 +92,10 @@ def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
     return hf_eval_engine(module, tokenizer, cfg, dtype, synced=getattr(engine, "synced", False))
 
 
-def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):
+def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=None):
     """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
-    batch size, recording the provenance: both evaluators call this, so they cannot differ."""
+    batch size, recording the provenance: both evaluators call this, so they cannot differ.
+    ``processor``: a vision-language model's, for sets whose rows carry images."""
     from rlvr.eval.evaluator import evaluate_sets
     from rlvr.eval.provenance import provenance
     from rlvr.training.run_setup import reward_specs
@@ -119,4 +120,5 @@ def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):
             max_new_tokens=max_new_tokens,
             grader=[s.name for s in reward_specs(cfg)],
         ),
+        processor=processor,
     )

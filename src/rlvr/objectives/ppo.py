@@ -25,7 +25,8 @@ class PPO(Objective):
         self.value_head: torch.nn.Linear | None = None
 
     def attach(self, model: torch.nn.Module, device: torch.device) -> list[dict]:
-        head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+        hidden = model.config.get_text_config().hidden_size  # a VLM's: its language model's
+        head = torch.nn.Linear(hidden, 1).to(device)
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         self.value_head = head
