@@ -118,3 +118,10 @@ def test_whole_model_trains_with_freeze_off(tiny_vlm_dir, tmp_path):
     model, _, processor = load_policy_model(str(final))
     assert processor is not None and processor.image_token_id == model.config.image_token_id
     assert all(torch.equal(p, after[n]) for n, p in model.named_parameters())
+
+
+def test_image_rows_on_a_text_model_are_refused_before_training(tiny_model_dir, tmp_path):
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train rows \(data.task=shapes\): rows carry images"):
+        Trainer(vlm_config(tiny_model_dir, tmp_path))
