@@ -178,6 +178,10 @@ def load_rows_with_report(
             )
             if row["answer"]:
                 row["answer"] = extract_reference(row["answer"], answer_extract, answer_field)
+            # relative image paths name files beside the data file; a missing one is a bad row
+            missing = resolve_image_paths(row, Path(path).parent) if src.kind == "file" else []
+            if missing:
+                raise _BadRecord("missing_image", f"field 'images': no such file {missing[0]}")
         except _BadRecord as bad:
             message = f"{path} {record.where}: {bad.message}"
             if on_bad_row == "error":
@@ -185,8 +189,6 @@ def load_rows_with_report(
             report.skipped.append(BadRow(source=source, kind=bad.kind, message=message))
             continue
         row["_source"] = source
-        if src.kind == "file" and row.get("images"):  # rlvr.data.multimodal.IMAGE_FIELD
-            resolve_image_paths(row, Path(path).parent)
         rows.append(row)
         if limit is not None and len(rows) >= limit:
             break

@@ -85,8 +85,9 @@ def row_images(row: dict, index: int) -> list:
     return out
 
 
-def resolve_image_paths(row: dict, base: Path) -> dict:
-    """A data file's relative image paths are relative to the file's folder: made so, in place."""
+def resolve_image_paths(row: dict, base: Path) -> list[str]:
+    """Make a data file's relative image paths relative to the file's folder (in place);
+    returns the paths that name no file."""
 
     def fix(item):
         if isinstance(item, str) and "://" not in item and not Path(item).is_absolute():
@@ -94,9 +95,11 @@ def resolve_image_paths(row: dict, base: Path) -> dict:
         return item
 
     raw = row.get(IMAGE_FIELD)
-    if raw is not None:
-        row[IMAGE_FIELD] = [fix(i) for i in raw] if isinstance(raw, list) else fix(raw)
-    return row
+    if raw is None:
+        return []
+    row[IMAGE_FIELD] = [fix(i) for i in raw] if isinstance(raw, list) else fix(raw)
+    items = row[IMAGE_FIELD] if isinstance(raw, list) else [row[IMAGE_FIELD]]
+    return [i for i in items if isinstance(i, str) and "://" not in i and not Path(i).is_file()]
 
 
 def has_images(rows: list[dict]) -> bool:
