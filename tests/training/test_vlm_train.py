@@ -142,3 +142,21 @@ def test_a_vlm_rolls_out_with_transformers(tiny_vlm_dir, tmp_path, monkeypatch):
     assert run_setup.engine_for(cfg, build_tiny_model(build_char_tokenizer())) == "vllm"
     with pytest.raises(ConfigError, match="rollout.engine=vllm: rlvr's vLLM engine does not take"):
         run_setup.engine_for(vlm_config(tiny_vlm_dir, tmp_path, "rollout.engine=vllm"), model)
+
+
+def test_lora_on_a_vlm_leaves_the_frozen_tower_without_adapters(tiny_vlm_dir, tmp_path):
+    """LoRA on every linear layer but the frozen tower's; the reference (adapters off) is scored
+    over the same images (algo.beta > 0)."""
+    trainer, lines, _ = _train(
+        tiny_vlm_dir,
+        tmp_path,
+        "model.lora.enabled=true",
+        "model.lora.target_modules=all-linear",
+        "algo.beta=0.05",
+    )
+    _check_metrics(lines, "drgrpo (LoRA)")
+    assert all(math.isfinite(m["kl"]) for m in lines)
+    adapters = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert adapters and not [n for n in adapters if ".visual." in n]
+    assert lines[0]["params_trainable"] == sum(p.numel() for p in adapters.values())
+    assert any(float(p.abs().max()) > 0 for n, p in adapters.items() if "lora_B" in n)

@@ -245,7 +245,7 @@ def setup_run(
     if cfg.model.lora.enabled:
         from rlvr.training.lora import apply_lora
 
-        model = apply_lora(model, cfg.model.lora)
+        model = apply_lora(model, cfg.model.lora, exclude=freeze)  # frozen parts get no adapter
     param_counts = parameter_counts(model)  # after the freeze and LoRA's own freezing
     objective = build_objective(cfg, tokenizer)
     ref_model = None
