@@ -156,3 +156,28 @@ def test_image_rows_need_a_processor_and_the_chat_template(vlm, tmp_path):
     # text rows on a VLM take the text path: no vision inputs at all
     _, _, none = render_inputs([{"prompt": "2+2?"}], "chat", tok, None, processor)
     assert none is None
+
+
+def test_prompt_token_counts_match_the_rendered_prompts(vlm, tmp_path):
+    """The pre-run length check counts image tokens from image sizes alone: the counts equal the
+    processor's own token ids for images of several shapes, two images in a row, and a row
+    without images."""
+    from rlvr.data.multimodal import prompt_token_counts, render_inputs
+
+    _, processor = vlm
+    rows = [
+        *_rows(tmp_path),
+        {"prompt": "Wide.", "images": [Image.new("RGB", (200, 40), "red")]},
+        {"prompt": "Tall.", "images": [Image.new("RGB", (30, 160), "red")]},
+        {
+            "prompt": "Two.",
+            "images": [Image.new("RGB", (56, 56)), Image.new("RGB", (120, 56))],
+            "system_prompt": "Look closely.",
+        },
+        {"prompt": "No image here."},
+    ]
+    tok = processor.tokenizer
+    _, ids, _ = render_inputs(rows, "chat", tok, "Be brief.", processor)
+    counts = prompt_token_counts(rows, "chat", tok, "Be brief.", processor)
+    assert counts == [len(i) for i in ids]
+    assert len(set(counts)) >= 5  # the shapes really give different numbers of image tokens

@@ -172,20 +172,20 @@ def check_prompt_lengths(
 ) -> None:
     """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens
     (image tokens included), or rows with images for a model that cannot see them."""
-    from rlvr.data.multimodal import render_inputs
+    from rlvr.data.multimodal import prompt_token_counts
 
     limit = cfg.data.max_prompt_tokens
     try:
-        _, ids, _ = render_inputs(
+        lengths = prompt_token_counts(
             rows, cfg.data.template, tokenizer, cfg.data.system_prompt, processor
         )
     except ValueError as exc:
         raise ConfigError(f"{split} rows (data.task={cfg.data.task}): {exc}") from None
-    for i, (row, toks) in enumerate(zip(rows, ids, strict=True)):
-        if len(toks) > limit:
+    for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        if length > limit:
             where = row.get("_source", f"{split} row {i}")
             raise ConfigError(
-                f"{where}: the prompt has {len(toks)} tokens after the template, more than "
+                f"{where}: the prompt has {length} tokens after the template, more than "
                 f"data.max_prompt_tokens={limit}; raise the limit or drop the row"
             )
 
