@@ -43,9 +43,10 @@ def vision_token_ids(config) -> list[int]:
 class PromptVision:
     """One prompt's images and the processor's tensors for that prompt alone.
 
-    ``images`` (RGB PIL, in prompt order) is what the vLLM engine sends; ``inputs``
-    (``pixel_values``, ``image_grid_thw``; empty for a prompt without images) is what the hf
-    engine and the trainer's log-prob pass feed the model, concatenated in row order.
+    ``inputs`` (``pixel_values``, ``image_grid_thw``; empty for a prompt without images) is what
+    the hf engine and the trainer's log-prob passes feed the model, concatenated in row order;
+    ``images`` (RGB PIL, in prompt order) are the images themselves, for an engine that takes raw
+    images (vLLM's ``multi_modal_data``: not wired, see README "Images next to the prompt").
     """
 
     images: list
