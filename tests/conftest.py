@@ -43,3 +43,13 @@ def tiny_tokenizer():
     from rlvr.training.tiny import build_char_tokenizer
 
     return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen2-VL folder with its (image-only) processor."""
+    pytest.importorskip("PIL.Image")
+    from rlvr.training.tiny import save_tiny_vlm
+
+    torch.set_num_threads(2)
+    return save_tiny_vlm(tmp_path_factory.mktemp("tiny_vlm") / "model")

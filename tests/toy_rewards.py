@@ -33,3 +33,11 @@ def varies_on_odd_answers(prompt, response, reference, **row):
     if int(float(reference)) % 2 == 0:
         return 0.0
     return zlib.crc32(response.encode()) % 1000 / 1000
+
+
+def reply_checksum(prompt, response, reference, **row):
+    """A checksum of the reply in [0, 1): different replies of a random model score differently,
+    so every group has a gradient."""
+    import zlib
+
+    return zlib.crc32(response.encode()) % 1000 / 1000

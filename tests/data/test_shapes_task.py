@@ -63,10 +63,15 @@ def test_bad_kwargs_name_the_field():
         task_rows("shapes", num_train=50, num_eval=1, seed=0, grid=1)
 
 
-def test_config_refuses_training_on_shapes_until_images_are_wired():
+def test_config_takes_shapes_with_the_chat_template_only():
     from rlvr.config import Config
     from rlvr.config.validate import problems
 
     cfg = Config()
     cfg.data.task = "shapes"
-    assert any("data.task='shapes'" in p and "does not pass images" in p for p in problems(cfg))
+    assert not [p for p in problems(cfg) if "data.task" in p]
+    cfg.data.template = "r1"
+    assert any(
+        "data.task=shapes with data.template=r1" in p and "data.template=chat" in p
+        for p in problems(cfg)
+    )

@@ -15,6 +15,7 @@ from rlvr.rewards.prm import (
     math_prm_reward,
     psgrpo_reward,
     split_steps,
+    strip_image_placeholders,
 )
 
 RESPONSE = (
@@ -187,3 +188,28 @@ def test_callable_prm_checks_its_output() -> None:
         CallablePRM(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="score_steps"):
         PSGRPOReward(object())  # type: ignore[arg-type]
+
+
+VLM_PROMPT = (
+    "<|im_start|>user\n<|vision_start|>"
+    + "<|image_pad|>" * 4
+    + "<|vision_end|>How many red squares?<|im_end|>\n<|im_start|>assistant\n"
+)
+VLM_RESPONSE = (
+    "Step 1: The figure <|image_pad|>shows 3 squares.\nStep 2: Two are red <image>.\n†Answer: 2"
+)
+
+
+def test_image_placeholders_never_reach_the_prm() -> None:
+    """A VLM prompt's vision span and placeholders a reply happens to contain are stripped from
+    what the PRM scores; the answer is still graded on the reply."""
+    prm, calls = _fixed_prm([0.9, 0.8])
+    result = PSGRPOReward(prm)(VLM_PROMPT, VLM_RESPONSE, "2")
+    assert result.score == 1.0 and result.info["step_count"] == 2.0
+    assert calls == [
+        (
+            "<|im_start|>user\nHow many red squares?<|im_end|>\n<|im_start|>assistant\n",
+            ["Step 1: The figure shows 3 squares.", "Step 2: Two are red ."],
+        )
+    ]
+    assert strip_image_placeholders("a<|vision_start|>x\ny<|vision_end|>b<|video_pad|>") == "ab"

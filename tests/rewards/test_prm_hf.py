@@ -104,3 +104,17 @@ def test_load_from_a_saved_directory(tmp_path, tokenizer) -> None:
     loaded = HFTokenClassificationPRM(tmp_path)
     direct = HFTokenClassificationPRM(model, tokenizer)
     assert loaded.score_steps(PROMPT, STEPS) == pytest.approx(direct.score_steps(PROMPT, STEPS))
+
+
+def test_image_placeholders_are_stripped_before_the_scorer_sees_them(tokenizer, model) -> None:
+    """Left in, a VLM prompt's vision span becomes tokens of the PRM's own vocabulary ([UNK]
+    here) that change every step's score; stripped, the scores are those of the clean text."""
+    from rlvr.rewards.prm import score_steps
+
+    prm = HFTokenClassificationPRM(model, tokenizer, label_index=1)
+    span = "<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|>"
+    steps = [STEPS[0] + " <|image_pad|>", *STEPS[1:]]
+    clean = prm.score_steps(PROMPT, STEPS)
+    assert score_steps(prm, span + PROMPT, steps) == clean
+    raw = prm.score_steps(span + PROMPT, steps)
+    assert max(abs(a - b) for a, b in zip(raw, clean, strict=True)) > 1e-4

@@ -127,3 +127,33 @@ def test_eval_accepts_overrides_after_its_options() -> None:
     args = parse_args_any_order(build_parser(), argv)
     assert (args.model, args.data, args.k) == ("MODEL", "F.jsonl", 4)
     assert args.overrides == ["data.template=none", "a.b=2"]
+
+
+def test_dry_run_counts_image_tokens_of_the_visual_task(
+    tiny_vlm_dir: Path,
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    no_weights: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The tiny VLM's processor turns each 84x84 scene into 4 image tokens between the two
+    vision markers: 6 tokens more than the same chat text alone, which a text model cannot take."""
+    import transformers
+
+    from rlvr.cli import main
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--dry-run loaded VLM weights")
+
+    monkeypatch.setattr(transformers.AutoModelForImageTextToText, "from_pretrained", refuse)
+    shapes = ("data.task=shapes", "data.template=chat", "data.num_train=8", "data.num_eval=2")
+    assert main(_dry(tiny_vlm_dir, tmp_path, *shapes)) == 0
+    out = capsys.readouterr().out
+    assert "<|vision_start|><|image_pad|><|vision_end|>How many" in out
+    with_image = int(out.split("example prompt (")[1].split(" tokens")[0])
+    assert main(_dry(tiny_model_dir, tmp_path, *shapes)) == 2
+    out = capsys.readouterr().out
+    assert "config problem: data.task=shapes: rows carry images but the model has no image" in out
+    text_only = int(out.split("example prompt (")[1].split(" tokens")[0])
+    assert with_image - text_only == 6

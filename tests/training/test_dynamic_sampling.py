@@ -125,3 +125,20 @@ def test_two_ranks_keep_drawing_together(tiny_model_dir, tmp_path):
     for m in steps:
         assert m["ds_prompts_kept"] == 4.0 and m["zero_var_group_frac"] == 0.0
         assert m["ds_prompts_drawn"] == 4.0 * m["ds_rounds"]
+
+
+def test_assemble_keeps_each_prompts_images_with_it():
+    """Image prompts: the kept groups carry their own vision inputs in the new order; a round of
+    text-only prompts contributes prompts without images."""
+    from rlvr.data.multimodal import PromptVision
+
+    a = _scored("a", [[1.0, 1.0], [0.0, 1.0]])
+    b = _scored("b", [[0.0, 2.0], [3.0, 3.0]])
+    a.vision = [
+        PromptVision([f"img-a{i}"], {"pixel_values": torch.full((1, 2), i)}) for i in (0, 1)
+    ]
+    batch, _ = assemble([a, b], 3)  # a0, a1, b0
+    assert [v.images for v in batch.vision] == [["img-a0"], ["img-a1"], []]
+    assert batch.vision[1].inputs["pixel_values"].tolist() == [[1, 1]]
+    assert [v.images for v in batch.seq_vision] == [["img-a0"]] * 2 + [["img-a1"]] * 2 + [[]] * 2
+    assert assemble([b], 1)[0].vision is None  # text prompts only: no vision at all

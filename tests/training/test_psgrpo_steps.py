@@ -37,3 +37,22 @@ def test_step_scorer_asks_the_prm_for_each_step():
     assert ids.shape == (2, len(texts[0]))
     assert ids[0].tolist() == [0] * 10 + [1] * 9
     assert ids[1].tolist() == [-1] * ids.shape[1]
+
+
+def test_step_scorer_strips_image_placeholders_from_what_the_prm_sees():
+    tok = build_char_tokenizer()
+    seen = []
+
+    class FakePRM:
+        def score_steps(self, prompt, steps):
+            seen.append((prompt, steps))
+            return [0.5] * len(steps)
+
+    text = "Step 1: x<|image_pad|>\nStep 2: y"
+    comp = [tok(text, add_special_tokens=False).input_ids]
+    prompt = "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>Count."
+    scores, ids = StepScorer(FakePRM(), STEP, ANSWER)(tok, [prompt], [text], comp)
+    assert seen == [("Count.", ["Step 1: x", "Step 2: y"])]
+    assert scores == [[0.5, 0.5]]
+    # the token-to-step map still follows the reply as generated (placeholder chars included)
+    assert ids[0].tolist() == [0] * len("Step 1: x<|image_pad|>\n") + [1] * len("Step 2: y")

@@ -12,8 +12,9 @@ import torch
 from rlvr.cli import main as cli_main
 from rlvr.config import ConfigError, load_config
 from rlvr.training.checkpoint import checkpoints_dir, write_checkpoint
+from rlvr.training.resume_plan import plan_resume
 from rlvr.training.run_loop import rewind_run_files
-from rlvr.training.run_setup import make_run_dir, plan_resume
+from rlvr.training.run_setup import make_run_dir
 
 
 class StubModel:

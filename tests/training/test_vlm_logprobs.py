@@ -23,7 +23,7 @@ def vlm(tmp_path_factory):
     from transformers import AutoModelForImageTextToText
 
     from rlvr.training.tiny import save_tiny_vlm
-    from rlvr.training.tiny_vlm import load_processor
+    from rlvr.training.vlm import load_processor
 
     torch.set_num_threads(2)
     path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
@@ -125,3 +125,59 @@ def test_bad_images_name_the_row_and_field(tmp_path):
         row_images({"images": [Image.new("RGB", (4, 4)), 3]}, 0)
     with pytest.raises(ValueError, match=r"row 1: field 'images'\[0\]"):
         row_images({"images": str(tmp_path / "missing.png")}, 1)
+
+
+def test_a_reply_holding_an_image_token_is_refused(vlm, tmp_path):
+    """The model would read it as one more image placeholder: named, not a shape error later."""
+    model, processor = vlm
+    _, prompt_ids, vision = render_multimodal_rows(_rows(tmp_path), processor)
+    with pytest.raises(ValueError, match="a reply holds the image token"):
+        build_sequence_batch(
+            prompt_ids,
+            [[5], [6, model.config.image_token_id], [7]],
+            processor.tokenizer.pad_token_id,
+            vision=collate_vision(vision),
+            image_token_id=model.config.image_token_id,
+        )
+
+
+def test_image_rows_need_a_processor_and_the_chat_template(vlm, tmp_path):
+    from rlvr.data.multimodal import render_inputs
+
+    _, processor = vlm
+    rows, tok = _rows(tmp_path), processor.tokenizer
+    with pytest.raises(ValueError, match="no image processor.*vision-language model"):
+        render_inputs(rows, "chat", tok, None, None)
+    with pytest.raises(ValueError, match="data.template='r1': rows with images need"):
+        render_inputs(rows, "r1", tok, None, processor)
+    texts, ids, vision = render_inputs(rows, "chat", tok, "Be brief.", processor)
+    assert vision is not None and [len(v.images) for v in vision] == [1, 1, 1]
+    assert all("Be brief." in t for t in texts)
+    # text rows on a VLM take the text path: no vision inputs at all
+    _, _, none = render_inputs([{"prompt": "2+2?"}], "chat", tok, None, processor)
+    assert none is None
+
+
+def test_prompt_token_counts_match_the_rendered_prompts(vlm, tmp_path):
+    """The pre-run length check counts image tokens from image sizes alone: the counts equal the
+    processor's own token ids for images of several shapes, two images in a row, and a row
+    without images."""
+    from rlvr.data.multimodal import prompt_token_counts, render_inputs
+
+    _, processor = vlm
+    rows = [
+        *_rows(tmp_path),
+        {"prompt": "Wide.", "images": [Image.new("RGB", (200, 40), "red")]},
+        {"prompt": "Tall.", "images": [Image.new("RGB", (30, 160), "red")]},
+        {
+            "prompt": "Two.",
+            "images": [Image.new("RGB", (56, 56)), Image.new("RGB", (120, 56))],
+            "system_prompt": "Look closely.",
+        },
+        {"prompt": "No image here."},
+    ]
+    tok = processor.tokenizer
+    _, ids, _ = render_inputs(rows, "chat", tok, "Be brief.", processor)
+    counts = prompt_token_counts(rows, "chat", tok, "Be brief.", processor)
+    assert counts == [len(i) for i in ids]
+    assert len(set(counts)) >= 5  # the shapes really give different numbers of image tokens

@@ -55,7 +55,8 @@ class ModelConfig(Section):
 class DataConfig(Section):
     task: str = Field(
         "arithmetic",
-        description="Built-in task ('arithmetic', 'countdown') or 'file' to read train_path/eval_path.",
+        description="Built-in task ('arithmetic', 'countdown', 'shapes': images, needs a "
+        "vision-language model) or 'file' to read train_path/eval_path.",
     )
     task_kwargs: dict[str, Any] = Field(
         default_factory=dict,

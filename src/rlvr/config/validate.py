@@ -11,7 +11,7 @@ import difflib
 
 from rlvr.config.sections import Config
 
-TASKS = ("arithmetic", "countdown", "file")
+TASKS = ("arithmetic", "countdown", "shapes", "file")
 
 
 def problems(cfg: Config) -> list[str]:
@@ -76,11 +76,12 @@ def problems(cfg: Config) -> list[str]:
                 validate_reward_spec({"name": es.grader})
             except ValueError as exc:
                 out.append(f"eval.sets[{i}] ({es.name}).grader: {exc}")
-    if cfg.data.task == "shapes":
+    if cfg.data.task == "shapes" and cfg.data.template != "chat":
         out.append(
-            "data.task='shapes': the visual task's rows exist, but the trainer does not pass images yet"
+            f"data.task=shapes with data.template={cfg.data.template}: image rows need "
+            "data.template=chat (the processor's chat template places the images)"
         )
-    elif cfg.data.task not in TASKS:
+    if cfg.data.task not in TASKS:
         out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
     for i, spec in enumerate(cfg.reward.specs):
         try:

@@ -104,8 +104,10 @@ def filter_difficulty(
     system_prompt: str | None,
     min_rate: float = 0.0,
     max_rate: float = 1.0,
+    processor=None,
 ) -> tuple[list[dict], DifficultySummary, list[dict]]:
-    """Sample ``params.n`` responses per row; returns (kept rows, summary, per-prompt records)."""
+    """Sample ``params.n`` responses per row; returns (kept rows, summary, per-prompt records).
+    ``processor``: a vision-language model's, for rows with images."""
     check_bounds(params.n, min_rate, max_rate)
     if params.temperature <= 0:
         raise ValueError("difficulty filtering needs sampling: temperature must be > 0")
@@ -117,6 +119,7 @@ def filter_difficulty(
         template=template,
         system_prompt=system_prompt,
         params=params,
+        processor=processor,
     )
     kept, summary = split_by_difficulty(
         rows, solve_rates(records), k=params.n, min_rate=min_rate, max_rate=max_rate
@@ -168,7 +171,9 @@ def cmd_filter_difficulty(args: argparse.Namespace) -> int:
         stop=tuple(r.stop),
         seed=cfg.train.seed if args.seed is None else args.seed,
     )
-    model, tokenizer, _ = load_policy(source, cfg, base=args.base, config_given=bool(cfg_path))
+    model, tokenizer, _, processor = load_policy(
+        source, cfg, base=args.base, config_given=bool(cfg_path)
+    )
     engine = eval_engine(cfg, model, tokenizer)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
@@ -184,6 +189,7 @@ def cmd_filter_difficulty(args: argparse.Namespace) -> int:
             system_prompt=cfg.data.system_prompt,
             min_rate=args.min_rate,
             max_rate=args.max_rate,
+            processor=processor,
         )
     finally:
         rewards.close()

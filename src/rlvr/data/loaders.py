@@ -158,6 +158,7 @@ def load_rows_with_report(
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
     from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
+    from rlvr.data.multimodal import resolve_image_paths
 
     src = parse_source(path, split)
     if answer_extract not in ANSWER_EXTRACT:
@@ -177,6 +178,10 @@ def load_rows_with_report(
             )
             if row["answer"]:
                 row["answer"] = extract_reference(row["answer"], answer_extract, answer_field)
+            # relative image paths name files beside the data file; a missing one is a bad row
+            missing = resolve_image_paths(row, Path(path).parent) if src.kind == "file" else []
+            if missing:
+                raise _BadRecord("missing_image", f"field 'images': no such file {missing[0]}")
         except _BadRecord as bad:
             message = f"{path} {record.where}: {bad.message}"
             if on_bad_row == "error":

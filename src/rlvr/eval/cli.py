@@ -185,7 +185,7 @@ def run_eval(args: argparse.Namespace) -> int:
         overrides.append("eval.sets=[]")  # --data replaces the config's sets by one set
     cfg = load_config(cfg_path, overrides)
     sets = _offline_sets(args, cfg)  # data errors surface before a model loads
-    model, tokenizer, base = load_policy(
+    model, tokenizer, base, processor = load_policy(
         source, cfg, base=args.base, config_given=cfg_path is not None
     )
     engine = eval_engine(cfg, model, tokenizer)
@@ -193,7 +193,7 @@ def run_eval(args: argparse.Namespace) -> int:
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )
     try:
-        outcome = evaluate_config_sets(engine, tokenizer, sets, rewards, cfg)
+        outcome = evaluate_config_sets(engine, tokenizer, sets, rewards, cfg, processor)
     finally:
         rewards.close()
         engine.close()

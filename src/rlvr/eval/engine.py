@@ -8,8 +8,6 @@ them, so the precision is fixed by ``eval.dtype`` and not by the CPU the run lan
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from rlvr.rollout.hf import HFEngine
@@ -59,20 +57,12 @@ def hf_eval_engine(
     )
 
 
-def engine_kind(cfg) -> str:
-    """hf or vllm: ``rollout.engine``, with ``auto`` resolved as training resolves it."""
-    if cfg.rollout.engine != "auto":
-        return cfg.rollout.engine
-    from rlvr.training.run_setup import vllm_available
-
-    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return "vllm" if vllm_available() and not multi else "hf"
-
-
 def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
     """The engine of `rlvr eval` / filter-difficulty: the config's engine at ``eval.dtype``."""
+    from rlvr.training.run_setup import engine_for  # auto resolved as training resolves it
+
     dtype = resolve_eval_dtype(cfg, next(model.parameters()).device)
-    if engine_kind(cfg) == "vllm":
+    if engine_for(cfg, model) == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 
         return VLLMEngine.from_trainer(cfg, model, tokenizer, dtype=dtype)
@@ -92,9 +82,10 @@ def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
     return hf_eval_engine(module, tokenizer, cfg, dtype, synced=getattr(engine, "synced", False))
 
 
-def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):
+def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=None):
     """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
-    batch size, recording the provenance: both evaluators call this, so they cannot differ."""
+    batch size, recording the provenance: both evaluators call this, so they cannot differ.
+    ``processor``: a vision-language model's, for sets whose rows carry images."""
     from rlvr.eval.evaluator import evaluate_sets
     from rlvr.eval.provenance import provenance
     from rlvr.training.run_setup import reward_specs
@@ -119,4 +110,5 @@ def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):
             max_new_tokens=max_new_tokens,
             grader=[s.name for s in reward_specs(cfg)],
         ),
+        processor=processor,
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlvr.config.eval import EvalModeConfig
-from rlvr.data.templates import render_rows
+from rlvr.data.multimodal import render_inputs
 from rlvr.eval.metrics import summarize
 from rlvr.eval.reply_stats import reply_stats
 from rlvr.rewards.math import extract_answer
@@ -50,14 +50,22 @@ def sampling_params(
 
 
 def generate_batched(
-    engine, ids: list[list[int]], params: SamplingParams, *, batch_size: int = 0, repeats: int = 1
+    engine,
+    ids: list[list[int]],
+    params: SamplingParams,
+    *,
+    batch_size: int = 0,
+    repeats: int = 1,
+    vision: list | None = None,
 ) -> list[list]:
     """``engine.generate`` over chunks of ``batch_size`` requests (0: all at once).
 
     Each prompt is sent ``repeats`` times (nondet_proxy) and its completions regrouped;
-    ``params.prompt_seeds`` (one per prompt) are sliced along with the chunks.
+    ``params.prompt_seeds`` (one per prompt) and the prompts' images (``vision``, one
+    ``PromptVision`` per prompt) are sliced along with the chunks.
     """
     flat = [p for p in ids for _ in range(repeats)]
+    flat_vision = None if vision is None else [v for v in vision for _ in range(repeats)]
     seeds = params.prompt_seeds
     if seeds is not None and repeats != 1:
         raise ValueError("prompt_seeds with repeated requests: seed each request instead")
@@ -67,7 +75,8 @@ def generate_batched(
         chunk = (
             params if seeds is None else replace(params, prompt_seeds=seeds[start : start + step])
         )
-        groups.extend(engine.generate(flat[start : start + step], chunk))
+        images = {} if flat_vision is None else {"vision": flat_vision[start : start + step]}
+        groups.extend(engine.generate(flat[start : start + step], chunk, **images))
     return [
         [c for g in groups[i * repeats : (i + 1) * repeats] for c in g] for i in range(len(ids))
     ]
@@ -84,11 +93,14 @@ def generate_records(
     params: SamplingParams,
     batch_size: int = 0,
     repeats: int = 1,
+    processor=None,
 ) -> list[dict]:
     """Per-problem records: prompt, reference, responses, extracted answers, correctness, scores,
-    finish reasons and reply lengths in tokens."""
-    texts, ids = render_rows(rows, template, tokenizer, system_prompt)
-    groups = generate_batched(engine, ids, params, batch_size=batch_size, repeats=repeats)
+    finish reasons and reply lengths in tokens. Rows with images need a VLM's ``processor``."""
+    texts, ids, vision = render_inputs(rows, template, tokenizer, system_prompt, processor)
+    groups = generate_batched(
+        engine, ids, params, batch_size=batch_size, repeats=repeats, vision=vision
+    )
     flat_rows = [r for r, g in zip(rows, groups, strict=True) for _ in g]
     comps = [c for g in groups for c in g]
     scored = rewards.score_batch(
@@ -136,6 +148,7 @@ def evaluate(
     stop: tuple[str, ...] = (),
     seed: int = 0,
     batch_size: int = 0,
+    processor=None,
 ) -> tuple[dict, list[dict]]:
     """Run one mode over ``rows``; returns (named scores with reply stats, per-problem records)."""
     params = sampling_params(mode, max_new_tokens, stop, seed, num_prompts=len(rows))
@@ -149,6 +162,7 @@ def evaluate(
         params=params,
         batch_size=batch_size,
         repeats=mode.repeats,
+        processor=processor,
     )
     scores = summarize(records, mode.kind, k=None if mode.kind == "greedy" else mode.samples)
     return {**scores, **reply_stats(records, mode.kind)}, records
@@ -207,6 +221,7 @@ def evaluate_sets(
     seed: int = 0,
     batch_size: int = 0,
     provenance: dict | None = None,
+    processor=None,
 ) -> EvalOutcome:
     """Every mode of every set through `evaluate()`; the one entry point of both evaluators.
 
@@ -230,6 +245,7 @@ def evaluate_sets(
                 stop=stop,
                 seed=seed,
                 batch_size=batch_size,
+                processor=processor,
             )
     finally:
         for runner in own.values():

@@ -47,8 +47,10 @@ class InTrainingEvaluator:
         heldout_rows: list[dict],
         train_rows: list[dict],
         sync: Callable[[], object] = lambda: None,
+        processor=None,
     ) -> None:
         self.cfg = cfg
+        self.processor = processor  # a VLM's (its sets' rows may carry images)
         self.run_dir = Path(run_dir)
         self.engine, self.tokenizer, self.rewards, self.model = engine, tokenizer, rewards, model
         self.sync = sync
@@ -85,7 +87,9 @@ class InTrainingEvaluator:
         self.sync()  # the engine holds the weights of this step (rollout.sync_every aside)
         # eval.dtype, eval.batch_size and the provenance record: rlvr.eval.engine
         engine = training_eval_engine(cfg, self.engine, self.model, self.tokenizer)
-        outcome = evaluate_config_sets(engine, self.tokenizer, self.sets, self.rewards, cfg)
+        outcome = evaluate_config_sets(
+            engine, self.tokenizer, self.sets, self.rewards, cfg, self.processor
+        )
         write_eval_file(
             self.run_dir / "eval" / f"step_{step:06d}.json",
             eval_payload(outcome, step=step),
@@ -135,7 +139,7 @@ class InTrainingEvaluator:
         if tmp.exists():
             shutil.rmtree(tmp)
         self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
+        (self.processor if self.processor is not None else self.tokenizer).save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

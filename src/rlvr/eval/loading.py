@@ -18,8 +18,9 @@ import torch
 
 from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
 from rlvr.training.distributed import DistInfo, device_for
-from rlvr.training.policy import ModelLoadError, load_model_and_tokenizer, prepare_tokenizer
+from rlvr.training.policy import ModelLoadError, prepare_tokenizer
 from rlvr.training.run_setup import use_training_attention
+from rlvr.training.vlm import load_policy_model, load_processor
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
 ADAPTER_CONFIG = "adapter_config.json"
@@ -94,8 +95,9 @@ def adapter_base(adapter_dir: Path, *, explicit: str | None, config_base: str | 
 
 def load_policy(
     source: ModelSource, cfg, *, base: str | None = None, config_given: bool = False
-) -> tuple[torch.nn.Module, object, str | None]:
-    """(model, tokenizer, base model used or None) in the config's dtype, on its device.
+) -> tuple[torch.nn.Module, object, str | None, object | None]:
+    """(model, tokenizer, base model used or None, a VLM's processor or None) in the config's
+    dtype, on its device.
 
     ``train.threads`` applies here as in training (the same thread count keeps the arithmetic,
     and so greedy decoding, identical between the two).
@@ -107,9 +109,9 @@ def load_policy(
     if not source.is_adapter:
         if base:
             raise ValueError(f"--base is only for LoRA adapters; {source.model} is a full model")
-        model, tokenizer = load_model_and_tokenizer(source.model, dtype=dtype, device=device)
+        model, tokenizer, processor = load_policy_model(source.model, dtype=dtype, device=device)
         use_training_attention(model, cfg, device)
-        return model, tokenizer, None
+        return model, tokenizer, None, processor
     from peft import PeftModel
     from transformers import AutoTokenizer
 
@@ -118,14 +120,17 @@ def load_policy(
         adapter, explicit=base, config_base=cfg.model.name_or_path if config_given else None
     )
     try:
-        model, tokenizer = load_model_and_tokenizer(base_name, dtype=dtype, device=device)
+        model, tokenizer, processor = load_policy_model(base_name, dtype=dtype, device=device)
     except ModelLoadError as exc:
         raise ModelLoadError(f"base model of LoRA adapter {adapter}: {exc}; pass --base") from exc
     use_training_attention(model, cfg, device)
     model = PeftModel.from_pretrained(model, str(adapter)).to(device)
-    if (adapter / "tokenizer_config.json").exists():  # the run saved its tokenizer beside it
+    if processor is not None and (adapter / "processor_config.json").exists():
+        processor = load_processor(adapter)  # the run saved its processor beside it
+        tokenizer = prepare_tokenizer(processor.tokenizer)
+    elif (adapter / "tokenizer_config.json").exists():  # the run saved its tokenizer beside it
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(adapter)))
-    return model, tokenizer, base_name
+    return model, tokenizer, base_name, processor
 
 
 def eval_engine(cfg, model, tokenizer):

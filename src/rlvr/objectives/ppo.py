@@ -34,7 +34,8 @@ class PPO(Objective):
         device: torch.device,
         wrap: Callable[[torch.nn.Module], torch.nn.Module] = no_wrap,
     ) -> list[dict]:
-        head = torch.nn.Linear(model.config.hidden_size, 1).to(device)
+        hidden = model.config.get_text_config().hidden_size  # a VLM's: its language model's
+        head = torch.nn.Linear(hidden, 1).to(device)
         torch.nn.init.zeros_(head.weight)
         torch.nn.init.zeros_(head.bias)
         self.value_head = head

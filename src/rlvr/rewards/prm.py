@@ -8,6 +8,12 @@ a PRM scores each step in [0, 1], and:
   PRM scores fall sharply somewhere (a "drop moment": a relative drop between consecutive
   steps above ``rho``); 1 if right without one.
 
+The PRM sees text only: image placeholders of a vision-language prompt (Qwen2-VL's
+``<|vision_start|><|image_pad|>...<|vision_end|>`` spans, lone image/video pads, LLaVA's
+``<image>``) are stripped from the prompt and the steps first (``score_steps``). Left in, they
+become image tokens without pixels for the PRM's own tokenizer: a VLM scorer then refuses the
+input (image features and image tokens do not match) and a text scorer conditions on noise.
+
 The ``min_steps`` rule: a response with fewer than ``min_steps`` steps gets 0. It closes a
 known hole: with one step there is no consecutive pair, the drop check
 cannot fire, so a policy learns to answer in one step and its replies collapse in length.
@@ -39,12 +45,35 @@ __all__ = [
     "final_answer",
     "math_prm_reward",
     "psgrpo_reward",
+    "score_steps",
     "split_steps",
+    "strip_image_placeholders",
 ]
 
 DEFAULT_STEP_PATTERN = r"^Step \d+:"
 DEFAULT_ANSWER_PATTERN = r"^†Answer:"
 _DENOMINATOR_FLOOR = 1e-6
+_VISION_SPAN = re.compile(r"<\|vision_start\|>.*?<\|vision_end\|>", re.DOTALL)
+_PLACEHOLDER = re.compile(
+    r"<\|(?:image_pad|video_pad|vision_pad|vision_start|vision_end)\|>|<image>"
+)
+
+
+def strip_image_placeholders(text: str) -> str:
+    """``text`` without image placeholders (whole vision spans first, then lone markers)."""
+    return _PLACEHOLDER.sub("", _VISION_SPAN.sub("", text))
+
+
+def score_steps(prm: ProcessRewardModel, prompt: str, steps: list[str]) -> list[float]:
+    """``prm``'s finite score of each step, image placeholders stripped from prompt and steps
+    (the one way rlvr calls a PRM)."""
+    if not steps:
+        return []
+    clean = [strip_image_placeholders(s) for s in steps]
+    scores = _check_scores(prm.score_steps(strip_image_placeholders(prompt), clean))
+    if len(scores) != len(steps):
+        raise ValueError(f"PRM returned {len(scores)} scores for {len(steps)} steps")
+    return scores
 
 
 def __getattr__(name: str) -> Any:
@@ -193,10 +222,7 @@ class _StepRewardBase:
         if answer is not None and ref:
             correct, _ = answers_match(answer, ref, timeout_s=self.timeout_s)
         steps = split_steps(response, self.step_pattern, self.answer_pattern)
-        scores = self.prm.score_steps(prompt, steps) if steps else []
-        if len(scores) != len(steps):
-            raise ValueError(f"PRM returned {len(scores)} scores for {len(steps)} steps")
-        return correct, _check_scores(scores)
+        return correct, score_steps(self.prm, prompt, steps)
 
 
 class PSGRPOReward(_StepRewardBase):

@@ -52,9 +52,13 @@ class RolloutEngine(Protocol):
     policy_version: int
 
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams
+        self, prompt_ids: list[list[int]], params: SamplingParams, vision: list | None = None
     ) -> list[list[Completion]]:
-        """``params.n`` completions for each prompt: result[i][j] is prompt i's j-th sample."""
+        """``params.n`` completions for each prompt: result[i][j] is prompt i's j-th sample.
+
+        ``vision`` (image prompts of a vision-language model only; callers omit it for text):
+        one ``rlvr.data.multimodal.PromptVision`` per prompt, whose image placeholders
+        ``prompt_ids`` already hold expanded."""
         ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -2,6 +2,8 @@
 
 Because this engine generates with the very module being trained, there is nothing to
 synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
+Image prompts (a vision-language model) carry their pixel inputs per prompt (``vision``); each
+chunk feeds its own prompts' images, concatenated in row order, with left padding like text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from rlvr.data.multimodal import PromptVision, collate_vision, vision_token_ids
 from rlvr.rollout.base import Completion, SamplingParams
 
 
@@ -37,6 +40,8 @@ class HFEngine:
         self.synced = synced
         # The trainer's module is this engine's: whatever version the trainer records is held.
         self.policy_version = 0
+        # a VLM's image placeholders are never sampled (see vision_token_ids)
+        self.suppress = vision_token_ids(getattr(model, "config", None))
 
     def _autocast(self):
         if not self.autocast:
@@ -46,8 +51,14 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: list[list[int]], params: SamplingParams
+        self,
+        prompt_ids: list[list[int]],
+        params: SamplingParams,
+        vision: list[PromptVision] | None = None,
     ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt; ``vision[i]``: prompt i's images (VLM only)."""
+        if vision is not None and len(vision) != len(prompt_ids):
+            raise ValueError(f"{len(vision)} vision inputs for {len(prompt_ids)} prompts")
         flat = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
         out: list[list[Completion]] = [[] for _ in prompt_ids]
         was_training = self.model.training
@@ -60,7 +71,8 @@ class HFEngine:
                     )
                 for i, ids in enumerate(prompt_ids):
                     torch.manual_seed(params.prompt_seeds[i])
-                    for comp in self._generate_chunk([ids] * params.n, params):
+                    images = None if vision is None else [vision[i]] * params.n
+                    for comp in self._generate_chunk([ids] * params.n, params, images):
                         comp.prompt_index = i
                         out[i].append(comp)
                 return out
@@ -68,8 +80,9 @@ class HFEngine:
                 torch.manual_seed(params.seed)
             for start in range(0, len(flat), self.batch_size):
                 chunk = flat[start : start + self.batch_size]
+                images = None if vision is None else [vision[c[0]] for c in chunk]
                 for (idx, _), comp in zip(
-                    chunk, self._generate_chunk([c[1] for c in chunk], params), strict=True
+                    chunk, self._generate_chunk([c[1] for c in chunk], params, images), strict=True
                 ):
                     comp.prompt_index = idx
                     out[idx].append(comp)
@@ -77,7 +90,21 @@ class HFEngine:
             self.model.train(was_training)
         return out
 
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _vision_kwargs(self, ids: torch.Tensor, vision: list[PromptVision] | None) -> dict:
+        """Pixel inputs of the chunk's prompts in row order, and which tokens are image tokens
+        (Qwen2-VL computes its multimodal positions from them)."""
+        inputs = collate_vision(vision) if vision else {}
+        if not inputs:
+            return {}
+        is_image = ids == self.model.config.image_token_id
+        return {**inputs, "mm_token_type_ids": is_image.long()}
+
+    def _generate_chunk(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        vision: list[PromptVision] | None = None,
+    ) -> list[Completion]:
         tok = self.tokenizer
         pad = tok.pad_token_id
         device = next(self.model.parameters()).device
@@ -104,9 +131,12 @@ class HFEngine:
             kwargs.update(stop_strings=list(params.stop), tokenizer=tok)
         if self.synced:
             kwargs["synced_gpus"] = True
+        if self.suppress:  # raw logits (the log-probs below) keep the policy's own distribution
+            kwargs["suppress_tokens"] = self.suppress
+        images = {k: v.to(device) for k, v in self._vision_kwargs(ids, vision).items()}
         with self._autocast():
             res = self.model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs
+                input_ids=ids.to(device), attention_mask=mask.to(device), **images, **kwargs
             )
         new = res.sequences[:, width:].cpu()
         # Sampler log-probs: the temperature-scaled distribution the tokens were drawn from

@@ -81,8 +81,9 @@ PHASE_TIMING_KEYS = (
 )
 # policy_version: updates applied so far (the engine's weights are synced to it before generating
 # or evaluating, every rollout.sync_every versions); kl_coef: the KL coefficient used this step;
-# sync_*: the vLLM engine's weight-sync statistics on the steps that synced.
-STEP_KEYS = ("step", "epoch", "lr", "policy_version")
+# sync_*: the vLLM engine's weight-sync statistics on the steps that synced;
+# params_trainable / params_total: parameter elements after model.freeze and LoRA (every step).
+STEP_KEYS = ("step", "epoch", "lr", "policy_version", "params_trainable", "params_total")
 
 METRIC_KEYS: tuple[str, ...] = STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr.data.multimodal import PromptVision, collate_vision
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion
+from rlvr.training.policy import SequenceBatch, build_sequence_batch
 
 
 @dataclass
@@ -37,6 +39,9 @@ class RolloutBatch:
     advantages: torch.Tensor | list[torch.Tensor] | None = None
     seq: dict[str, torch.Tensor] = field(default_factory=dict)  # other per-sequence fields [N, ...]
     tok: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # other per-token fields
+    # per prompt: its images and pixel inputs (None for text prompts); generation and every
+    # log-prob pass of the step feed the same ones
+    vision: list[PromptVision] | None = None
 
     @property
     def completions(self) -> list[Completion]:
@@ -49,6 +54,26 @@ class RolloutBatch:
     @property
     def seq_prompt_texts(self) -> list[str]:
         return [p for p in self.prompt_texts for _ in range(self.group_size)]
+
+    @property
+    def seq_vision(self) -> list[PromptVision] | None:
+        if self.vision is None:
+            return None
+        return [v for v in self.vision for _ in range(self.group_size)]
+
+    def sequence_batch(
+        self, indices: list[int], pad_id: int, image_token_id: int | None = None
+    ) -> SequenceBatch:
+        """Sequences ``indices`` laid out for one forward pass, with their prompts' images."""
+        prompts, comps = self.seq_prompt_ids, self.comp_ids
+        vision = self.seq_vision
+        return build_sequence_batch(
+            [prompts[i] for i in indices],
+            [comps[i] for i in indices],
+            pad_id,
+            vision=collate_vision([vision[i] for i in indices]) if vision else None,
+            image_token_id=image_token_id,
+        )
 
     @property
     def comp_ids(self) -> list[list[int]]:

@@ -40,6 +40,14 @@ class Plan:
         return self.schedule_ok and not self.problems
 
 
+def _processor(path: str, rows: list[dict]):
+    """A vision-language model's processor when the rows carry images (no weights loaded)."""
+    from rlvr.data.multimodal import has_images
+    from rlvr.training.vlm import is_vlm, load_processor
+
+    return load_processor(path) if has_images(rows) and is_vlm(path) else None
+
+
 def _load_tokenizer(cfg: Config, unchecked: list[str]):
     """The model's tokenizer, or None (with the reason appended to ``unchecked``)."""
     from rlvr.training.policy import ModelLoadError, prepare_tokenizer, resolve_model_path
@@ -62,6 +70,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
     from rlvr.data.hub import HubUnreachable
     from rlvr.data.loaders import DataError
+    from rlvr.data.multimodal import prompt_token_counts, render_inputs
     from rlvr.data.templates import render_rows
     from rlvr.training.policy import model_context_length
     from rlvr.training.run_setup import load_rows_for
@@ -91,9 +100,20 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
                 unchecked.append(f"example prompt not rendered: {exc}")
         else:
             sample = train[:max_token_rows]
-            texts, ids = render_rows(sample, d.template, tokenizer, d.system_prompt)
-            example, example_tokens = texts[0], len(ids[0])
-            longest = max(len(x) for x in ids)
+            processor = _processor(path, sample)
+            try:  # image rows: their image tokens count too
+                texts, _, _ = render_inputs(
+                    sample[:1], d.template, tokenizer, d.system_prompt, processor
+                )
+                lengths = prompt_token_counts(
+                    sample, d.template, tokenizer, d.system_prompt, processor
+                )
+            except ValueError as exc:  # image rows for a text model, or without the chat template
+                problems.append(f"data.task={d.task}: {exc}")
+                texts, ids = render_rows(sample, d.template, tokenizer, d.system_prompt)
+                lengths = [len(x) for x in ids]
+            example, example_tokens = texts[0], lengths[0]
+            longest = max(lengths)
             if longest > d.max_prompt_tokens:
                 problems.append(
                     f"data.max_prompt_tokens={d.max_prompt_tokens}: the longest of the first "

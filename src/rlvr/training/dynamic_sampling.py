@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.data.multimodal import PromptVision
 from rlvr.rewards.runner import BatchRewards
 from rlvr.training.batch import RolloutBatch
 
@@ -44,6 +45,7 @@ def select_groups(batch: RolloutBatch, groups: list[int]) -> RolloutBatch:
         ),
         scores=batch.scores[groups],
         valid=batch.valid[groups],
+        vision=None if batch.vision is None else [batch.vision[p] for p in groups],
     )
 
 
@@ -64,7 +66,16 @@ def concat_batches(parts: list[RolloutBatch], failures: list[str]) -> RolloutBat
         ),
         scores=torch.cat([b.scores for b in parts]),
         valid=torch.cat([b.valid for b in parts]),
+        vision=_concat_vision(parts),
     )
+
+
+def _concat_vision(parts: list[RolloutBatch]) -> list[PromptVision] | None:
+    """Per-prompt vision of the parts in order (a round of text-only prompts: no images)."""
+    if all(b.vision is None for b in parts):
+        return None
+    none = PromptVision([], {})
+    return [v for b in parts for v in (b.vision or [none] * len(b.prompt_ids))]
 
 
 def assemble(rounds: list[RolloutBatch], need: int) -> tuple[RolloutBatch, int]:

@@ -26,13 +26,16 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     )
 
 
-def apply_lora(model: torch.nn.Module, cfg: LoraConfig):
+def apply_lora(model: torch.nn.Module, cfg: LoraConfig, exclude: list[str] | tuple = ()):
     """Freeze ``model`` and wrap it as a ``peft.PeftModel`` with trainable LoRA adapters.
 
     ``cfg.target_modules`` is a list of module names (matched against the last component of each
     module's dotted name) or ``'all-linear'`` (every linear layer but the output head). A name
-    that matches no linear layer is an error listing the names that exist.
+    that matches no linear layer is an error listing the names that exist. Modules under the
+    ``exclude`` prefixes (``model.freeze``: a VLM's vision tower) get no adapter.
     """
+    import re
+
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
@@ -51,6 +54,8 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig):
         target_modules=cfg.target_modules,
         bias="none",
         task_type="CAUSAL_LM",
+        # peft full-matches a string against each module name
+        exclude_modules="|".join(f"{re.escape(p)}.*" for p in exclude) or None,
     )
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5
     if checkpointing is None:

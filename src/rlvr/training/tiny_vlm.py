@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rlvr.training.tiny import build_char_tokenizer
+from rlvr.training.vlm import image_only_processor_class
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -38,40 +39,6 @@ def build_vlm_tokenizer():
     tok.add_tokens(list(VISION_TOKENS), special_tokens=True)
     tok.chat_template = VLM_CHAT_TEMPLATE
     return tok
-
-
-def image_only_processor_class():
-    """``Qwen2VLProcessor`` without its video processor.
-
-    Qwen2-VL's video processor needs torchvision; image prompts do not, so this subclass takes
-    only the image processor and the tokenizer (the text/image path is Qwen2VLProcessor's own).
-    """
-    from transformers import Qwen2VLProcessor
-    from transformers.processing_utils import ProcessorMixin
-
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            self.image_token = getattr(tokenizer, "image_token", "<|image_pad|>")
-            self.video_token = getattr(tokenizer, "video_token", "<|video_pad|>")
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
-
-    return ImageOnlyQwen2VLProcessor
-
-
-def load_processor(path: str | Path):
-    """``AutoProcessor.from_pretrained(path)``; for a Qwen2-VL folder without torchvision installed
-    (the video processor needs it), the image-only Qwen2-VL processor over the same files."""
-    from transformers import AutoProcessor
-
-    try:
-        processor = AutoProcessor.from_pretrained(path)
-    except (ImportError, AttributeError, TypeError, ValueError):
-        processor = None
-    if getattr(processor, "image_processor", None) is None:  # a bare tokenizer is not a processor
-        processor = image_only_processor_class().from_pretrained(path)
-    return processor
 
 
 def build_vlm_processor(tokenizer=None):

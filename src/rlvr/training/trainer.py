@@ -27,12 +27,22 @@ from rlvr.training.step import Step
 
 class Trainer:
     """One run. ``Trainer(cfg).fit()`` returns a summary dict; ``train_step()`` runs one step
-    (the loop then moves ``state.step``). Pass ``model``/``tokenizer`` to train an
-    already-loaded model (notebooks, tests)."""
+    (the loop then moves ``state.step``). Pass ``model``/``tokenizer`` (and a VLM's
+    ``processor``) to train an already-loaded model (notebooks, tests)."""
 
-    def __init__(self, cfg: Config, *, model=None, tokenizer=None, run_dir: Path | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        model=None,
+        tokenizer=None,
+        processor=None,
+        run_dir: Path | None = None,
+    ):
         self.cfg = cfg
-        self.ctx: RunContext = setup_run(cfg, model=model, tokenizer=tokenizer, run_dir=run_dir)
+        self.ctx: RunContext = setup_run(
+            cfg, model=model, tokenizer=tokenizer, processor=processor, run_dir=run_dir
+        )
         c, a = self.ctx, cfg.algo
         self.dist: DistInfo = c.dist
         self.objective = c.objective
@@ -60,6 +70,7 @@ class Trainer:
             dist=c.dist,
             autocast=c.autocast,
             device=c.device,
+            processor=c.processor,
         )
         self.last_batch: RolloutBatch | None = None
         self.history: list[dict] = []
@@ -82,9 +93,10 @@ class Trainer:
         return self.state.step
 
     def train_step(self) -> dict:
-        """Generate, score, update and sync once; returns the step's metrics."""
+        """Generate, score, update and sync once; returns the step's metrics (with the
+        trainable and total parameter counts)."""
         metrics, self.last_batch = self.step_fn.run()
-        return metrics
+        return {**metrics, **self.ctx.param_counts}
 
     def fit(self) -> dict:
         """Train for ``train.max_steps`` steps with evals around it; returns the summary."""

@@ -24,7 +24,7 @@ from rlvr.training.batch import (
 )
 from rlvr.training.batching import group_minibatches
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
-from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
+from rlvr.training.policy import logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import summarize_update_stats
 
@@ -39,6 +39,7 @@ class UpdateEnv:
     dist: DistInfo
     pad_id: int
     autocast: Callable[[], contextlib.AbstractContextManager]
+    image_token_id: int | None = None  # a vision-language model's (its prompts carry images)
 
 
 def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict, list]:
@@ -46,7 +47,7 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
     differences when the update's own forward is the trainer's only log-prob pass)."""
     cfg, a, objective = env.cfg, env.cfg.algo, env.objective
     g, n = batch.group_size, batch.size
-    prompt_ids, comp_ids, comps = batch.seq_prompt_ids, batch.comp_ids, batch.completions
+    comp_ids, comps = batch.comp_ids, batch.completions
     valid = batch.valid.reshape(-1)
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     use_old = objective.needs().old_logp  # else old == current policy (one pass over the batch)
@@ -71,9 +72,7 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
             opt.zero_grad(set_to_none=True)
             first = len(stats)  # this minibatch's micro-batch statistics start here
             for idx in objective.micro_batches(mb, batch):
-                sb = build_sequence_batch(
-                    [prompt_ids[i] for i in idx], [comp_ids[i] for i in idx], env.pad_id
-                )
+                sb = batch.sequence_batch(idx, env.pad_id, env.image_token_id)
                 with env.autocast():
                     out = objective.forward(env.train_model, sb)
                 logp, ent = logprobs_and_entropy(
