@@ -115,6 +115,13 @@ class RolloutConfig(Section):
         description="Seed each prompt's samples separately (slower on the hf engine: one generate call "
         "per prompt), so a run draws the same completions whatever the process count.",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="1: the next step's batch is generated from the policy before this step's "
+        "update (overlapped with it in rollout.mode=server); pair with algo.tis_cap. 0: on-policy.",
+    )
 
 
 class MaxEntConfig(Section):

@@ -140,7 +140,16 @@ def preflight(cfg: Config) -> None:
 
 # Config keys a resumed run must share with its checkpoint: they shape the weights, the optimizer
 # state or the data order, so changing them would not continue the same run.
-RESUME_FIXED_KEYS = ("model.name_or_path", "model.dtype", "model.lora", "algo.objective", "data")
+# rollout.max_staleness: a staleness-1 checkpoint holds the next step's batch (and the sampler
+# has already drawn its prompts); resuming it on-policy would skip those prompts.
+RESUME_FIXED_KEYS = (
+    "model.name_or_path",
+    "model.dtype",
+    "model.lora",
+    "algo.objective",
+    "data",
+    "rollout.max_staleness",
+)
 
 
 @dataclass(frozen=True)
