@@ -382,6 +382,10 @@ def vllm_available() -> bool:
 
 
 def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+    if cfg.rollout.mode == "server":  # vLLM in its own process (README "Rollout server")
+        from rlvr.rollout.server import ServerEngine
+
+        return ServerEngine.from_trainer(cfg, model, tokenizer)
     engine = cfg.rollout.engine
     if engine == "auto":
         # several processes: one vLLM engine per node is not built yet, so auto means hf there
