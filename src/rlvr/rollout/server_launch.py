@@ -139,3 +139,20 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 30) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout_s)
+
+
+def serve_forever(cfg, *, port: int | None = None, host: str = "0.0.0.0") -> int:
+    """``rlvr rollout-server``: run the server for ``cfg``'s model in the foreground (this
+    process becomes vLLM's server). Trainers connect with ``rollout.server_url`` and push their
+    weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``)."""
+    from rlvr.rollout.vllm_setup import engine_dtype
+    from rlvr.training.policy import resolve_model_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = resolve_model_path(cfg.model.name_or_path)
+    cmd = server_command(
+        cfg, folder, engine_dtype(cfg, device), host=host, port=port or cfg.rollout.server_port
+    )
+    print(f"[rlvr] rollout server: {' '.join(cmd)}", flush=True)
+    os.execvpe(cmd[0], cmd, server_env())
+    return 0  # not reached

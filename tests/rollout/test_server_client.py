@@ -1,0 +1,81 @@
+"""rollout.mode=server, the parts that need no vLLM: the error when the server is down, the
+per-prompt seeds and the reading of a server reply (its weight-version label per completion)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.cli import main as cli_main
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.server import ServerEngine, free_port, parse_choice, request_seeds
+
+
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
+
+
+def test_engine_reports_the_address_when_the_server_is_down():
+    url = _dead_url()
+    with pytest.raises(ConnectionError, match=f"rollout server at {url} is not reachable"):
+        ServerEngine(url, dtype=torch.float32, tied=True)
+
+
+def test_rlvr_train_fails_cleanly_naming_the_address(tiny_model_dir, tmp_path, capsys):
+    url = _dead_url()
+    code = cli_main(
+        [
+            "train",
+            f"model.name_or_path={tiny_model_dir}",
+            f"train.output_dir={tmp_path}",
+            "data.template=none",
+            "logging.progress=false",
+            "model.autocast=off",
+            "rollout.engine=vllm",
+            "rollout.mode=server",
+            f"rollout.server_url={url}",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"rlvr: error: rollout server at {url} is not reachable" in err
+    assert "rlvr rollout-server" in err  # says how to start one
+
+
+def test_server_mode_needs_the_vllm_engine():
+    from rlvr.config import load_config
+
+    cfg = load_config(None, ["rollout.mode=server", "rollout.engine=hf"])
+    assert "rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)" in cfg.problems()
+
+
+def test_every_prompt_gets_its_own_seed():
+    # explicit per-prompt seeds pass through; otherwise derived from the step seed and the index
+    assert request_seeds(SamplingParams(prompt_seeds=(5, 9)), 2) == [5, 9]
+    assert request_seeds(SamplingParams(seed=2), 3) == [2_000_006, 2_000_007, 2_000_008]
+    assert request_seeds(SamplingParams(), 2) == [None, None]
+    with pytest.raises(ValueError, match="1 prompt seeds for 2 prompts"):
+        request_seeds(SamplingParams(prompt_seeds=(1,)), 2)
+
+
+def _choice(versions, tokens=(4, 3), finish="stop") -> dict:
+    return {
+        "index": 0,
+        "finish_reason": finish,
+        "token_ids": list(tokens),
+        "text": "ab",
+        "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.25}][: len(tokens)]},
+        "weight_versions": [{"version": v, "start": 0, "end": 2} for v in versions],
+    }
+
+
+def test_a_reply_becomes_a_completion_with_the_servers_version_label():
+    c = parse_choice(3, _choice(["7"]))
+    assert (c.prompt_index, c.token_ids, c.logprobs, c.text) == (3, [4, 3], [-0.5, -1.25], "ab")
+    assert c.policy_version == 7 and not c.truncated
+    # a server never synced by a trainer labels its weights "default": no version
+    assert parse_choice(0, _choice(["default"])).policy_version is None
+    with pytest.raises(RuntimeError, match="several weight versions"):
+        parse_choice(0, _choice(["1", "2"]))
+    with pytest.raises(RuntimeError, match="no log-prob"):
+        parse_choice(0, _choice(["1"], tokens=(4, 3, 2)))
