@@ -99,6 +99,8 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     if cfg.train.parallel == "fsdp2" and cfg.model.lora.enabled:
         out.append("model.lora.enabled with several processes: use train.parallel=ddp")
+    if cfg.rollout.mode == "server":
+        out.append("rollout.mode=server runs with one trainer process for now")
     return out
 
 
