@@ -79,7 +79,9 @@ def run(size: str, staleness: int, steps: int, out: Path) -> dict:
     rows = [m for m in lines if m["step"] > 1]
     mean = lambda key: statistics.mean(key(m) for m in rows)  # noqa: E731
     trainer_idle = mean(lambda m: m["time_rollout"] + m.get("time_wait_ahead", 0.0))
-    worker_busy = mean(lambda m: m["time_generate"] + m.get("sync_seconds", 0.0))
+    # staleness 0 generates inside time_rollout; staleness 1 logs the generation time_generate
+    gen = lambda m: m.get("time_generate", m["time_rollout"])  # noqa: E731
+    worker_busy = mean(lambda m: gen(m) + m.get("sync_seconds", 0.0))
     mb = rows[0]["sync_bytes"] / 2**20
     return {
         "size": size,
@@ -89,7 +91,7 @@ def run(size: str, staleness: int, steps: int, out: Path) -> dict:
         "trainer_busy_s": mean(lambda m: m["time_step"]) - trainer_idle,
         "worker_busy_s": worker_busy,
         "worker_idle_s": mean(lambda m: m["time_step"]) - worker_busy,
-        "generate_s": mean(lambda m: m["time_generate"]),
+        "generate_s": mean(gen),
         "update_s": mean(lambda m: m["time_logprobs"] + m["time_update"]),
         "sync_mb": mb,
         "sync_s": mean(lambda m: m["sync_seconds"]),

@@ -11,6 +11,7 @@ No vLLM import here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -96,12 +97,26 @@ def server_env() -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server when the trainer that started it dies, even by SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    """The server as a child process in its own session (stopped with ``stop_server``)."""
+    """The server as a child process in its own session (stopped with ``stop_server``, and on
+    Linux when the trainer dies)."""
     log = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
     try:
         return subprocess.Popen(
-            cmd, env=server_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            env=server_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
     finally:
         log.close()

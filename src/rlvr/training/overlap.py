@@ -58,6 +58,14 @@ class Lookahead:
         else:
             self._future = self._pool.submit(self._timed, generate)
 
+    def advance(self, step: int, max_steps: int, metrics: dict, times: dict, timed) -> None:
+        """After scoring step ``step``'s batch: log its generation time (``time_generate``,
+        wherever and whenever it ran) and start the next step's batch (``timed`` counts the
+        trainer's share into ``time_rollout``), unless this is the last step."""
+        metrics["time_generate"] = self.seconds if self.taken else times["time_rollout"]
+        if step + 1 < max_steps:
+            timed("time_rollout", self.start, step + 1)
+
     def _timed(self, generate: Callable[[], RolloutBatch]) -> RolloutBatch:
         t = time.perf_counter()
         batch = generate()

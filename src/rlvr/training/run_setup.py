@@ -142,16 +142,9 @@ def preflight(cfg: Config) -> None:
 
 # Config keys a resumed run must share with its checkpoint: they shape the weights, the optimizer
 # state or the data order, so changing them would not continue the same run.
-# rollout.max_staleness: a staleness-1 checkpoint holds the next step's batch (and the sampler
-# has already drawn its prompts); resuming it on-policy would skip those prompts.
-RESUME_FIXED_KEYS = (
-    "model.name_or_path",
-    "model.dtype",
-    "model.lora",
-    "algo.objective",
-    "data",
-    "rollout.max_staleness",
-)
+RESUME_FIXED_KEYS = ("model.name_or_path", "model.dtype", "model.lora", "algo.objective", "data")
+# a staleness-1 checkpoint holds the next step's batch, its prompts already drawn
+RESUME_FIXED_KEYS += ("rollout.max_staleness",)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
 from rlvr.training.policy import build_sequence_batch, logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
-from rlvr.training.step_metrics import rollout_metrics
+from rlvr.training.step_metrics import advantage_stats, rollout_metrics
 from rlvr.training.update import UpdateEnv, engine_diffs, update
 
 
@@ -111,14 +111,8 @@ class Step:
         metrics = timed("time_reward", self.score, batch)
         if self.cfg.algo.dynamic_sampling:
             batch, metrics = self.fill(batch, timed)
-        if self.ahead is not None:
-            # the generation of this step's batch, wherever and whenever it ran
-            metrics["time_generate"] = (
-                self.ahead.seconds if self.ahead.taken else times["time_rollout"]
-            )
-            if self.state.step + 1 < self.cfg.train.max_steps:
-                # rollout.max_staleness=1: the next batch from the policy before this update
-                timed("time_rollout", self.ahead.start, self.state.step + 1)
+        if self.ahead is not None:  # rollout.max_staleness=1: start the next step's batch
+            self.ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
         metrics.update(staleness_stats(batch.completions, self.state.policy_version))
         if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
             self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
@@ -396,20 +390,4 @@ def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
         "tis_weight_min": float(w.min()),
         "tis_weight_max": float(w.max()),
         "tis_truncated_frac": float(h.float().mean()),
-    }
-
-
-def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
-    """adv_mean/std over valid sequences, min/max over all, of the per-sequence advantage (a
-    token advantage counts by its sequence mean)."""
-    adv = batch.advantages
-    if not isinstance(adv, torch.Tensor):
-        adv = torch.stack([a[: max(1, len(a))].mean() if len(a) else a.new_zeros(()) for a in adv])
-    valid = batch.valid.reshape(-1)
-    has = bool(valid.any())
-    return {
-        "adv_mean": float(adv[valid].mean()) if has else 0.0,
-        "adv_std": float(adv[valid].std(unbiased=False)) if has else 0.0,
-        "adv_min": float(adv.min()),
-        "adv_max": float(adv.max()),
     }
