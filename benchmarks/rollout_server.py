@@ -12,7 +12,9 @@ Per step, from metrics.jsonl:
   generated ahead before a sync);
 - worker busy = time_generate (its generation of the batch) + sync_seconds (receiving weights);
   worker idle = time_step - worker busy (one worker, one trainer);
-- sync MB/s = sync_bytes / sync_seconds.
+- sync ms per MB = sync_seconds / sync_bytes (MiB).
+
+``--summarize RUN_DIR ...`` tabulates finished (or cut short) runs without running anything.
 
 Step 1 is left out of the means (start-up, no batch ahead yet). Needs vLLM (``make setup-vllm``).
 """
@@ -73,29 +75,32 @@ def run(size: str, staleness: int, steps: int, out: Path) -> dict:
     torch.manual_seed(0)
     trainer = Trainer(cfg)
     trainer.fit()
-    lines = [
-        json.loads(x) for x in (trainer.ctx.run_dir / "metrics.jsonl").read_text().split("\n") if x
-    ]
+    return summarize(trainer.ctx.run_dir)
+
+
+def summarize(run_dir: Path) -> dict:
+    """The figures of one finished (or cut short) run from its metrics.jsonl."""
+    text = (Path(run_dir) / "metrics.jsonl").read_text()
+    lines = [json.loads(x) for x in text.split("\n") if x]
     rows = [m for m in lines if m["step"] > 1]
     mean = lambda key: statistics.mean(key(m) for m in rows)  # noqa: E731
-    trainer_idle = mean(lambda m: m["time_rollout"] + m.get("time_wait_ahead", 0.0))
     # staleness 0 generates inside time_rollout; staleness 1 logs the generation time_generate
     gen = lambda m: m.get("time_generate", m["time_rollout"])  # noqa: E731
+    trainer_idle = mean(lambda m: m["time_rollout"] + m.get("time_wait_ahead", 0.0))
     worker_busy = mean(lambda m: gen(m) + m.get("sync_seconds", 0.0))
+    step = mean(lambda m: m["time_step"])
     mb = rows[0]["sync_bytes"] / 2**20
     return {
-        "size": size,
-        "staleness": staleness,
-        "step_s": mean(lambda m: m["time_step"]),
+        "run": Path(run_dir).name,
+        "steps": len(rows),
+        "step_s": step,
         "trainer_idle_s": trainer_idle,
-        "trainer_busy_s": mean(lambda m: m["time_step"]) - trainer_idle,
-        "worker_busy_s": worker_busy,
-        "worker_idle_s": mean(lambda m: m["time_step"]) - worker_busy,
+        "worker_idle_s": step - worker_busy,
         "generate_s": mean(gen),
-        "update_s": mean(lambda m: m["time_logprobs"] + m["time_update"]),
+        "logprobs_update_s": mean(lambda m: m["time_logprobs"] + m["time_update"]),
         "sync_mb": mb,
         "sync_s": mean(lambda m: m["sync_seconds"]),
-        "sync_s_per_mb": mean(lambda m: m["sync_seconds"]) / mb,
+        "sync_ms_per_mb": 1000 * mean(lambda m: m["sync_seconds"]) / mb,
     }
 
 
@@ -104,14 +109,18 @@ def main() -> None:
     p.add_argument("--sizes", default="128x2,512x8", help="hidden x layers, comma-separated")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--out", default=None, help="folder for models and runs (default: a temp dir)")
+    p.add_argument("--summarize", nargs="+", metavar="RUN_DIR", help="only tabulate these runs")
     args = p.parse_args()
-    out = Path(args.out or tempfile.mkdtemp(prefix="rlvr-server-bench-"))
     print(f"load average before: {load_average()}", flush=True)
-    results = [
-        run(size, staleness, args.steps, out)
-        for size in args.sizes.split(",")
-        for staleness in (0, 1)
-    ]
+    if args.summarize:
+        results = [summarize(Path(d)) for d in args.summarize]
+    else:
+        out = Path(args.out or tempfile.mkdtemp(prefix="rlvr-server-bench-"))
+        results = [
+            run(size, staleness, args.steps, out)
+            for size in args.sizes.split(",")
+            for staleness in (0, 1)
+        ]
     print(f"load average after: {load_average()}")
     cols = list(results[0])
     print("| " + " | ".join(cols) + " |")
