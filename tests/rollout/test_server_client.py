@@ -42,6 +42,24 @@ def test_rlvr_train_fails_cleanly_naming_the_address(tiny_model_dir, tmp_path, c
     assert "rlvr rollout-server" in err  # says how to start one
 
 
+def test_a_taken_port_is_refused_before_starting_a_server(tiny_model_dir, tmp_path):
+    """Otherwise the health check could reach whatever listens there instead of our server."""
+    import socket
+
+    from rlvr.config import load_config
+    from rlvr.training.policy import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir), dtype=torch.float32, device="cpu")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = load_config(None, ["rollout.mode=server", f"rollout.server_port={port}"])
+        with pytest.raises(ValueError, match=f"rollout.server_port={port} is in use"):
+            ServerEngine.from_trainer(cfg, model, tok, workdir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing exported, nothing started
+
+
 def test_server_mode_needs_the_vllm_engine():
     from rlvr.config import load_config
 

@@ -85,6 +85,19 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def check_port_free(host: str, port: int) -> None:
+    """A port in use would let the health check reach some other server, not the one started."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"rollout.server_port={port} is in use on {host} ({exc.strerror}); if a rollout "
+                f"server runs there, set rollout.server_url=http://{host}:{port}, else pick "
+                "another port"
+            ) from exc
+
+
 def request_seeds(params: SamplingParams, n_prompts: int) -> list[int | None]:
     """One seed per prompt: ``prompt_seeds`` when given, else derived from ``seed``."""
     if params.prompt_seeds is not None:
@@ -195,6 +208,7 @@ class ServerEngine:
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
             return engine
+        check_port_free("127.0.0.1", r.server_port)
         folder = Path(tempfile.mkdtemp(prefix="rlvr-server-", dir=workdir))
         proc = None
         try:
