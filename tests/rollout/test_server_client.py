@@ -97,3 +97,39 @@ def test_a_reply_becomes_a_completion_with_the_servers_version_label():
         parse_choice(0, _choice(["1", "2"]))
     with pytest.raises(RuntimeError, match="no log-prob"):
         parse_choice(0, _choice(["1"], tokens=(4, 3, 2)))
+
+
+def test_a_server_without_the_weight_receiver_fails_at_once_not_at_the_group_timeout():
+    """A plain `vllm serve` (no rlvr worker extension) answers /health but fails the
+    rlvr_join call; the trainer must raise that error, not wait for the weight group to form
+    until its timeout. Stand-in server: stdlib HTTP, the same two answers vLLM gives."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # /health
+            self.send_response(200)
+            self.end_headers()
+
+        def do_POST(self):  # /collective_rpc: vLLM's error for a method the worker lacks
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "Method rlvr_join is not implemented"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    t = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="rlvr_join is not implemented"):
+            ServerEngine(url, dtype=torch.float32, tied=True, timeout_s=60)
+    finally:
+        httpd.shutdown()
+    assert time.monotonic() - t < 10  # not the 60 s group timeout

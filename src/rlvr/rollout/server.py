@@ -278,25 +278,36 @@ class ServerEngine:
         return http_post(self.url, "/collective_rpc", body, timeout_s=timeout_s or self.timeout_s)
 
     def _rpc_during(self, fn, method: str, *args: str):
-        """Call ``method`` on the server while ``fn()`` runs here (the two sides of a collective)."""
+        """Call ``method`` on the server while ``fn()`` runs here (the two sides of a collective).
+
+        Both run in threads so that a failure of either side is raised at once (a server without
+        the worker extension answers the call with an error while ``fn`` would wait for it until
+        the group's timeout)."""
         out: dict = {}
 
-        def call():
+        def guarded(key: str, target):
             try:
-                out["reply"] = self._rpc(method, *args)
+                out[key] = target()
             except BaseException as exc:  # re-raised in the caller's thread
-                out["error"] = exc
+                out[f"{key}_error"] = exc
 
-        t = threading.Thread(target=call, name=f"rlvr-{method}", daemon=True)
-        t.start()
-        try:
-            fn()
-        finally:
-            t.join(self.timeout_s)
-        if "error" in out:
-            raise out["error"]
-        if t.is_alive():
-            raise TimeoutError(f"rollout server at {self.url}: {method} did not return")
+        threads = [
+            threading.Thread(target=guarded, args=("reply", lambda: self._rpc(method, *args))),
+            threading.Thread(target=guarded, args=("local", fn)),
+        ]
+        for t in threads:
+            t.daemon = True  # a side left blocked by a failed peer must not keep the process
+            t.start()
+        deadline = time.monotonic() + self.timeout_s
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            if "reply_error" in out or "local_error" in out:
+                break
+            threads[0].join(0.05)
+        for key in ("reply_error", "local_error"):
+            if key in out:
+                raise out[key]
+        if "reply" not in out or "local" not in out:
+            raise TimeoutError(f"rollout server at {self.url}: {method} did not finish")
         return out["reply"]
 
     def _join(self, host: str, port: int) -> None:
