@@ -6,6 +6,7 @@ rollout-server`, vLLM's OpenAI-compatible server in a child process), a tiny flo
 - staleness 1: 3 steps; staleness 0 then 1, 1, every completion labelled by the server with the
   version that sampled it; a trainer restarted from the step-2 checkpoint reconnects to the same
   worker and ends like the uninterrupted run.
+- a trainer SIGKILLed mid-run is resumed (`rlvr train --resume`) against the same worker.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 import torch
 from vllm_support import TINY
 
+from rlvr.cli import main as cli_main
 from rlvr.config import load_config
 from rlvr.rollout.server import free_port, request_seeds, sampling_body
 from rlvr.training.trainer import Trainer
@@ -186,3 +188,28 @@ def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(
     wa, wb = full.model.state_dict(), resumed.model.state_dict()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_the_worker_survives_a_killed_trainer(model_dir, server, tmp_path):
+    """A trainer SIGKILLed after its step-1 checkpoint leaves the worker holding a dead weight
+    group; `rlvr train --resume` joins the same worker again and finishes the run."""
+    import time
+
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "rlvr", "train", f"model.name_or_path={model_dir}"]
+    cmd += [f"train.output_dir={tmp_path}", "train.run_name=killed", *RUN]
+    cmd += ["rollout.mode=server", f"rollout.server_url={server}", "train.save_every=1"]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = run_dir / "checkpoints" / "step_000001" / "COMPLETE"
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert marker.exists()
+    assert cli_main(["train", "--resume", str(run_dir)]) == 0
+    steps = [m["step"] for m in _lines(run_dir)]
+    assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
+    assert (run_dir / "final").is_dir()
