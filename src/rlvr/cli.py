@@ -1,4 +1,4 @@
-"""The `rlvr` command: train | eval | data | preflight | report | merge | doctor."""
+"""The `rlvr` command: train | eval | data | preflight | report | merge | doctor | rollout-server."""
 
 from __future__ import annotations
 
@@ -160,6 +160,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rollout_server(args: argparse.Namespace) -> int:
+    from rlvr.config import load_config
+    from rlvr.rollout.server_launch import serve_forever
+
+    cfg = load_config(args.config, args.overrides or [])
+    return serve_forever(cfg, port=args.port, host=args.host)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from rlvr.doctor import run_doctor
 
@@ -231,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser(
+        "rollout-server",
+        help="serve rollouts for rollout.mode=server: vLLM's OpenAI-compatible server for the "
+        "config's model, receiving weights from trainers (README, Rollout server)",
+    )
+    _add_config_args(p)
+    p.add_argument("--port", type=int, help="port (default rollout.server_port)")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    p.set_defaults(func=cmd_rollout_server)
+
+    p = sub.add_parser(
         "doctor", help="what is installed and usable here, and what to do about the rest"
     )
     p.set_defaults(func=cmd_doctor)
@@ -271,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     except RewardFailureError as exc:
         print(f"rlvr: stopped: {exc}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError, ModelLoadError, CheckpointError) as exc:
+    except (FileNotFoundError, ValueError, ModelLoadError, CheckpointError, ConnectionError) as exc:
         print(f"rlvr: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

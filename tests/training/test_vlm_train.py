@@ -144,6 +144,25 @@ def test_a_vlm_rolls_out_with_transformers(tiny_vlm_dir, tmp_path, monkeypatch):
         run_setup.engine_for(vlm_config(tiny_vlm_dir, tmp_path, "rollout.engine=vllm"), model)
 
 
+@pytest.mark.parametrize(
+    "knobs, message",
+    [
+        (
+            ["rollout.mode=server", "rollout.engine=vllm"],
+            "rollout.mode=server: rlvr's vLLM engine does not take",
+        ),
+        (["rollout.max_staleness=1"], "checkpointed without its images"),
+    ],
+)
+def test_rollouts_that_drop_images_are_refused_for_a_vlm(tiny_vlm_dir, tmp_path, knobs, message):
+    """The rollout server (vLLM) and the batch generated ahead (checkpointed as JSON) carry no
+    images: a VLM with either is refused by name before the first step, not mid-run."""
+    from rlvr.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        Trainer(vlm_config(tiny_vlm_dir, tmp_path, *knobs))
+
+
 def test_lora_on_a_vlm_leaves_the_frozen_tower_without_adapters(tiny_vlm_dir, tmp_path):
     """LoRA on every linear layer but the frozen tower's; the reference (adapters off) is scored
     over the same images (algo.beta > 0)."""

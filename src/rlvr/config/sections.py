@@ -116,6 +116,37 @@ class RolloutConfig(Section):
         description="Seed each prompt's samples separately (slower on the hf engine: one generate call "
         "per prompt), so a run draws the same completions whatever the process count.",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=1,
+        description="1: the next step's batch is generated from the policy before this step's "
+        "update (overlapped with it in rollout.mode=server); pair with algo.tis_cap. 0: on-policy.",
+    )
+    # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); README "Rollout server"
+    mode: Literal["colocated", "server"] = Field(
+        "colocated",
+        description="'colocated': the engine runs in the trainer's process; 'server': a vLLM "
+        "OpenAI-compatible server in its own process (started by rlvr train unless server_url).",
+    )
+    server_url: str | None = Field(
+        None,
+        description="http://host:port of a running `rlvr rollout-server`; None: rlvr train starts one.",
+    )
+    server_port: int = Field(
+        8411, ge=1, le=65535, description="Port of the server rlvr train starts."
+    )
+    server_python: str | None = Field(
+        None,
+        description="Python that runs the server rlvr train starts (needs vLLM); None: this one.",
+    )
+    sync_host: str = Field(
+        "127.0.0.1", description="Address of this trainer that the server reaches for weight sync."
+    )
+    sync_port: int = Field(0, ge=0, le=65535, description="Weight-sync group port; 0: a free one.")
+    server_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for the server to start, and for one weight sync."
+    )
 
 
 class MaxEntConfig(Section):

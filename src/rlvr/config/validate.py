@@ -58,6 +58,8 @@ def problems(cfg: Config) -> list[str]:
             f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (the penalty ramps over the last "
             "overlong_buffer tokens before the limit)"
         )
+    if cfg.rollout.mode == "server" and cfg.rollout.engine == "hf":
+        out.append("rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)")
     if cfg.rollout.engine == "hf" and cfg.rollout.sleep_during_update:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:

@@ -39,6 +39,8 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str
+    # The trainer's policy version of the weights that sampled it (the step stamps it at generation)
+    policy_version: int | None = None
 
     @property
     def truncated(self) -> bool:

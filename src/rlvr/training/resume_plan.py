@@ -10,6 +10,8 @@ from rlvr.config import Config, ConfigError
 # Config keys a resumed run must share with its checkpoint: they shape the weights, the optimizer
 # state or the data order, so changing them would not continue the same run.
 RESUME_FIXED_KEYS = ("model.name_or_path", "model.dtype", "model.lora", "algo.objective", "data")
+# a staleness-1 checkpoint holds the next step's batch, its prompts already drawn
+RESUME_FIXED_KEYS += ("rollout.max_staleness",)
 
 
 @dataclass(frozen=True)

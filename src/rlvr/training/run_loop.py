@@ -103,6 +103,8 @@ def _resume(trainer) -> dict:
         # The engine was built from the base weights: the first resumed step must not sample
         # from them.
         sync_engine(ctx.engine, state, ctx.named_weights)
+        if trainer.step_fn.ahead is not None:  # rollout.max_staleness=1: the batch made ahead
+            trainer.step_fn.ahead.load_state_dict(extra.get("lookahead", {}))
         rewind_run_files(ctx.run_dir, state.step)
         trainer.history = [m for m in read_metrics(ctx.run_dir) if m["step"] > 0]
         return extra
@@ -121,7 +123,7 @@ def _save(trainer, evaluator) -> Path | None:
     args = dict(
         tokenizer=trainer.ctx.processing,
         config_yaml=trainer.cfg.to_yaml(),
-        extra={"evaluator": evaluator.state_dict()},
+        extra={"evaluator": evaluator.state_dict(), **_lookahead_state(trainer)},
         keep=trainer.cfg.train.max_checkpoints,
         protect=[best] if best is not None else [],
     )
@@ -133,6 +135,11 @@ def _save(trainer, evaluator) -> Path | None:
     path = save_checkpoint(trainer.state, trainer.ctx.run_dir, **args)
     barrier(trainer.dist)
     return path
+
+
+def _lookahead_state(trainer) -> dict:
+    ahead = trainer.step_fn.ahead
+    return {"lookahead": ahead.state_dict()} if ahead is not None else {}
 
 
 def run_training(trainer) -> dict:
@@ -273,6 +280,8 @@ def run_training(trainer) -> dict:
         raise
     finally:
         logger.close()
+        if trainer.step_fn.ahead is not None:
+            trainer.step_fn.ahead.close()
         trainer.engine.close()
         ctx.rewards.close()
 

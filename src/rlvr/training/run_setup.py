@@ -116,6 +116,8 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         out.append(
             "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
         )
+    if cfg.rollout.mode == "server":
+        out.append("rollout.mode=server runs with one trainer process for now")
     return out
 
 
@@ -348,7 +350,27 @@ def engine_for(cfg: Config, model) -> str:
     return cfg.rollout.engine
 
 
+def vlm_rollout_problems(cfg: Config) -> list[str]:
+    """What a vision-language policy cannot roll out with yet, each naming the knob."""
+    out = []
+    if cfg.rollout.mode == "server":
+        out.append(VLLM_VLM_REFUSAL.replace("rollout.engine=vllm", "rollout.mode=server", 1))
+    if cfg.rollout.max_staleness:
+        out.append(
+            "rollout.max_staleness=1 with a vision-language model: the batch generated ahead "
+            "is checkpointed without its images; use rollout.max_staleness=0"
+        )
+    return out
+
+
 def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+    problems = vlm_rollout_problems(cfg) if is_vlm_config(getattr(model, "config", None)) else []
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if cfg.rollout.mode == "server":  # vLLM in its own process (README "Rollout server")
+        from rlvr.rollout.server import ServerEngine
+
+        return ServerEngine.from_trainer(cfg, model, tokenizer)
     if engine_for(cfg, model) == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 

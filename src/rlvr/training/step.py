@@ -26,9 +26,10 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
 from rlvr.training.policy import logprobs_and_entropy, scaled_logits
 from rlvr.training.state import TrainState
-from rlvr.training.step_metrics import rollout_metrics
+from rlvr.training.step_metrics import advantage_stats, rollout_metrics
 from rlvr.training.update import UpdateEnv, engine_diffs, update
 
 
@@ -79,6 +80,11 @@ class Step:
         self.train_rows, self.dist = train_rows, dist
         self.ref_logp_fn, self.named_weights = ref_logp_fn, named_weights
         self._autocast_on, self._device = autocast, device
+        self.ahead = (
+            Lookahead(self.request, background=getattr(engine, "remote", False))
+            if cfg.rollout.max_staleness > 0
+            else None
+        )
         self.env = UpdateEnv(
             cfg=cfg,
             objective=objective,
@@ -106,10 +112,13 @@ class Step:
             return out
 
         kl_coef = self.state.kl_ctl.value  # the coefficient this step's loss uses
-        batch = timed("time_rollout", self.generate)
+        batch = timed("time_rollout", self.next_batch)
         metrics = timed("time_reward", self.score, batch)
         if self.cfg.algo.dynamic_sampling:
             batch, metrics = self.fill(batch, timed)
+        if self.ahead is not None:  # rollout.max_staleness=1: start the next step's batch
+            self.ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
+        metrics.update(staleness_stats(batch.completions, self.state.policy_version))
         if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
             self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr = self.state.scheduler.get_last_lr()[0]
@@ -118,6 +127,8 @@ class Step:
         update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.env)
         metrics.update(update_metrics)
         metrics.update(self._trust_stats(diffs + more_diffs))
+        if self.ahead is not None:  # never swap weights under a generation in flight
+            times["time_wait_ahead"] = self.ahead.wait()
         sync = timed("time_sync", self.sync)
         if sync:
             metrics.update({f"sync_{k}": float(v) for k, v in sync.items()})
@@ -139,18 +150,25 @@ class Step:
             metrics["kl_coef"] = kl_coef
         return metrics, batch
 
-    def seed(self, round_: int = 0) -> int:
+    def seed(self, round_: int = 0, step: int | None = None) -> int:
         """Seed every RNG from (train.seed, step, dynamic-sampling round): a resumed step draws
-        what it drew before."""
-        seed = self.cfg.train.seed * 1_000_003 + self.state.step + 104_729 * round_
+        what it drew before. ``step`` defaults to the running step (0-based ``state.step``)."""
+        step = self.state.step if step is None else step
+        seed = self.cfg.train.seed * 1_000_003 + step + 104_729 * round_
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         return seed
 
     def generate(self, round_: int = 0) -> RolloutBatch:
+        return self.request(self.state.step, round_)()
+
+    def request(self, step: int, round_: int = 0) -> Callable[[], RolloutBatch]:
+        """Draw step ``step``'s prompts and seeds and sync the engine, in this thread; the
+        returned function generates (and touches no RNG or counter of this process, so
+        `rlvr.training.overlap.Lookahead` may run it in a thread)."""
         cfg, g = self.cfg, self.cfg.algo.group_size
-        seed = self.seed(round_)
+        seed = self.seed(round_, step)
         # Every rank draws the same global prompts and keeps its own slice of whole prompts.
         global_idx = self.state.sampler.next_indices()
         per = len(global_idx) // self.dist.world_size
@@ -174,9 +192,15 @@ class Step:
             if r.seed_per_prompt
             else None,
         )
+        engine, version = self.engine, self.engine.policy_version
         images = {} if vision is None else {"vision": vision}  # text engines take no images
-        groups = self.engine.generate(ids, params, **images)
-        return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
+
+        def run() -> RolloutBatch:
+            groups = engine.generate(ids, params, **images)
+            stamp_version(groups, version)
+            return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
+
+        return run
 
     def score(self, batch: RolloutBatch) -> dict:
         comps, g = batch.completions, batch.group_size
@@ -298,6 +322,11 @@ class Step:
         stats = self.objective.prepare(batch)
         return {**advantage_stats(batch), **tis, **stats}
 
+    def next_batch(self) -> RolloutBatch:
+        """This step's batch: the one generated ahead (waiting for it), else generated now."""
+        ahead = self.ahead.take(self.state.step) if self.ahead is not None else None
+        return ahead if ahead is not None else self.generate()
+
     def sync(self) -> dict | None:
         return sync_engine(
             self.engine, self.state, self.named_weights, every=self.cfg.rollout.sync_every
@@ -367,20 +396,4 @@ def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
         "tis_weight_min": float(w.min()),
         "tis_weight_max": float(w.max()),
         "tis_truncated_frac": float(h.float().mean()),
-    }
-
-
-def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
-    """adv_mean/std over valid sequences, min/max over all, of the per-sequence advantage (a
-    token advantage counts by its sequence mean)."""
-    adv = batch.advantages
-    if not isinstance(adv, torch.Tensor):
-        adv = torch.stack([a[: max(1, len(a))].mean() if len(a) else a.new_zeros(()) for a in adv])
-    valid = batch.valid.reshape(-1)
-    has = bool(valid.any())
-    return {
-        "adv_mean": float(adv[valid].mean()) if has else 0.0,
-        "adv_std": float(adv[valid].std(unbiased=False)) if has else 0.0,
-        "adv_min": float(adv.min()),
-        "adv_max": float(adv.max()),
     }

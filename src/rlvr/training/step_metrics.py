@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from rlvr.rollout.base import Completion
+
+if TYPE_CHECKING:
+    from rlvr.training.batch import RolloutBatch
 
 # Statistics of policy_loss that are averaged over micro-batches, and those that take the extreme.
 _MEAN_KEYS = (
@@ -121,3 +126,19 @@ def summarize_update_stats(
         out["grad_norm_max"] = float(np.max(grad_norms))
     out["optimizer_steps"] = float(len(grad_norms))
     return out
+
+
+def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
+    """adv_mean/std over valid sequences, min/max over all, of the per-sequence advantage (a
+    token advantage counts by its sequence mean)."""
+    adv = batch.advantages
+    if not isinstance(adv, torch.Tensor):
+        adv = torch.stack([a[: max(1, len(a))].mean() if len(a) else a.new_zeros(()) for a in adv])
+    valid = batch.valid.reshape(-1)
+    has = bool(valid.any())
+    return {
+        "adv_mean": float(adv[valid].mean()) if has else 0.0,
+        "adv_std": float(adv[valid].std(unbiased=False)) if has else 0.0,
+        "adv_min": float(adv.min()),
+        "adv_max": float(adv.max()),
+    }

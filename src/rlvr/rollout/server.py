@@ -1,0 +1,373 @@
+"""``rollout.mode=server``: the rollout-engine protocol over a vLLM server in another process.
+
+Generation goes through vLLM's token-in token-out endpoint ``/inference/v1/generate`` (one HTTP
+request per prompt, ``n`` samples each, sent concurrently; every prompt carries its own seed, so
+the samples do not depend on how the server batches requests). vLLM labels every output with the
+engine's weight version (``weight_versions``), which this client sets to the trainer's policy
+version after each sync (``/update_weight_version``): the version on each completion is the
+server's own record of which weights sampled it.
+
+Weights move over a two-process torch.distributed group (gloo on CPUs, NCCL on GPUs) formed with
+the server's worker extension (`rlvr.rollout.server_worker`), in the same buckets of whole decoder
+blocks the in-process engine uses (`rlvr.rollout.weight_sync.weight_buckets`), LoRA merged on the
+fly. The process-launch side is `rlvr.rollout.server_launch`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.server_worker import DTYPES, trainer_group
+from rlvr.rollout.vllm_setup import (
+    DTYPE_NAMES,
+    base_config,
+    checkpoint_weights,
+    engine_dtype,
+    export_checkpoint,
+)
+from rlvr.rollout.weight_sync import (
+    SyncStats,
+    active_adapter_name,
+    check_tied_lora,
+    lora_merge_plan,
+    weight_buckets,
+)
+
+DEFAULT_BUCKET_BYTES = 128 * 2**20
+
+
+# ---------------------------------------------------------------------- HTTP (stdlib only)
+def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:2000]
+        raise RuntimeError(f"rollout server {url}{path}: HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(
+            f"rollout server at {url} is not reachable ({path}: {reason}); start it with "
+            "`rlvr rollout-server --config RUN.yaml` or check rollout.server_url"
+        ) from exc
+    return json.loads(raw) if raw else {}
+
+
+def http_get(url: str, path: str, *, timeout_s: float | None = 30) -> dict:
+    return _call(url, path, None, timeout_s)
+
+
+def http_post(url: str, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
+    return _call(url, path, body, timeout_s)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A port in use would let the health check reach some other server, not the one started."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"rollout.server_port={port} is in use on {host} ({exc.strerror}); if a rollout "
+                f"server runs there, set rollout.server_url=http://{host}:{port}, else pick "
+                "another port"
+            ) from exc
+
+
+def request_seeds(params: SamplingParams, n_prompts: int) -> list[int | None]:
+    """One seed per prompt: ``prompt_seeds`` when given, else derived from ``seed``."""
+    if params.prompt_seeds is not None:
+        if len(params.prompt_seeds) != n_prompts:
+            raise ValueError(f"{len(params.prompt_seeds)} prompt seeds for {n_prompts} prompts")
+        return list(params.prompt_seeds)
+    if params.seed is None:
+        return [None] * n_prompts
+    return [(params.seed * 1_000_003 + i) % 2**63 for i in range(n_prompts)]
+
+
+def sampling_body(params: SamplingParams, seed: int | None) -> dict:
+    """vLLM ``SamplingParams`` as JSON, the same settings the in-process engine uses."""
+    return {
+        "n": params.n,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "max_tokens": params.max_new_tokens,
+        "stop": list(params.stop) or None,
+        "include_stop_str_in_output": True,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "skip_special_tokens": True,
+        "seed": seed,
+    }
+
+
+def parse_choice(prompt_index: int, choice: dict) -> Completion:
+    """One ``/inference/v1/generate`` choice (output_mode text) as a ``Completion``."""
+    token_ids = list(choice["token_ids"])
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if len(content) != len(token_ids):
+        raise RuntimeError("the rollout server returned no log-prob for some sampled tokens")
+    if choice["finish_reason"] not in ("stop", "length"):
+        raise RuntimeError(f"the rollout server finished with {choice['finish_reason']!r}")
+    versions = {span["version"] for span in choice.get("weight_versions") or []}
+    if len(versions) > 1:
+        raise RuntimeError(f"a completion was sampled by several weight versions {versions}")
+    version = versions.pop() if versions else None
+    return Completion(
+        prompt_index=prompt_index,
+        token_ids=token_ids,
+        logprobs=[float(c["logprob"]) for c in content],
+        text=choice["text"],
+        finish_reason=choice["finish_reason"],
+        policy_version=int(version) if version is not None and version.isdigit() else None,
+    )
+
+
+class ServerEngine:
+    """A vLLM server process behind the rollout-engine protocol (``rollout.mode=server``)."""
+
+    name = "vllm-server"
+    remote = True  # generation runs elsewhere: training.overlap may wait for it in a thread
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        dtype: torch.dtype,
+        tied: bool,
+        lora_plan=None,
+        adapter: str = "default",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        sync_host: str = "127.0.0.1",
+        sync_port: int = 0,
+        timeout_s: float = 600.0,
+        process=None,
+        owned_dir: Path | None = None,
+    ):
+        """Connect to the server at ``url`` and form the weight-sync group with it (the server
+        drops the group of a previous trainer: a restarted trainer reconnects)."""
+        self.url = url.rstrip("/")
+        self.dtype, self._tied, self._plan, self._adapter = (
+            dtype,
+            tied,
+            dict(lora_plan or {}),
+            adapter,
+        )
+        self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
+        self._process, self._owned_dir = process, owned_dir
+        self.last_sync_stats: SyncStats | None = None
+        self._version = -1  # unknown until the first sync
+        self._group = self._store = None
+        http_get(self.url, "/health", timeout_s=30)
+        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self._join(sync_host, sync_port or free_port(sync_host))
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_trainer(cls, cfg, model: torch.nn.Module, tokenizer, *, workdir=None) -> ServerEngine:
+        """Connect to ``rollout.server_url`` and push ``model``'s weights, or (no URL) start a
+        server on a folder of ``model``'s current weights and stop it on ``close()``."""
+        from rlvr.rollout.server_launch import server_command, start_server, wait_healthy
+
+        r = cfg.rollout
+        plan = lora_merge_plan(model)
+        tied = bool(getattr(base_config(model), "tie_word_embeddings", False))
+        check_tied_lora(plan, tied)
+        dtype = engine_dtype(cfg, next(model.parameters()).device)
+        adapter = active_adapter_name(model) if plan else "default"
+        kw = dict(
+            dtype=dtype, tied=tied, lora_plan=plan, adapter=adapter, timeout_s=r.server_timeout_s
+        )
+        kw.update(sync_host=r.sync_host, sync_port=r.sync_port)
+        if r.server_url:
+            engine = cls(r.server_url, **kw)
+            engine.load_weights(model.state_dict().items())
+            engine.policy_version = 0
+            return engine
+        check_port_free("127.0.0.1", r.server_port)
+        folder = Path(tempfile.mkdtemp(prefix="rlvr-server-", dir=workdir))
+        proc = None
+        try:
+            with torch.no_grad():
+                weights = checkpoint_weights(
+                    model.state_dict().items(), plan, adapter=adapter, tied=tied
+                )
+                export_checkpoint(folder / "model", model, tokenizer, weights, dtype)
+            url = f"http://127.0.0.1:{r.server_port}"
+            log = folder / "server.log"
+            proc = start_server(
+                server_command(cfg, folder / "model", dtype, port=r.server_port), log
+            )
+            wait_healthy(url, proc, r.server_timeout_s, log)
+            engine = cls(url, **kw, process=proc, owned_dir=folder)
+            engine.policy_version = 0  # it started from these very weights
+            return engine
+        except BaseException:
+            if proc is not None:
+                from rlvr.rollout.server_launch import stop_server
+
+                stop_server(proc)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    # ------------------------------------------------------------------ versions
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @policy_version.setter
+    def policy_version(self, version: int) -> None:
+        """Label the server's weights: every later completion carries this version."""
+        http_post(
+            self.url, "/update_weight_version", {"new_version": str(int(version))}, timeout_s=60
+        )
+        self._version = int(version)
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams
+    ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, one concurrent request per prompt."""
+        for i, p in enumerate(prompt_ids):
+            if not p:
+                raise ValueError(f"prompt_ids[{i}] is empty")
+        seeds = request_seeds(params, len(prompt_ids))
+        bodies = [
+            {
+                "token_ids": list(p),
+                "sampling_params": sampling_body(params, s),
+                "output_mode": "text",
+            }
+            for p, s in zip(prompt_ids, seeds, strict=True)
+        ]
+        post = lambda body: http_post(self.url, "/inference/v1/generate", body)  # noqa: E731
+        with ThreadPoolExecutor(max(1, min(32, len(bodies)))) as pool:
+            replies = list(pool.map(post, bodies))
+        return [
+            [parse_choice(i, c) for c in sorted(reply["choices"], key=lambda c: c["index"])]
+            for i, reply in enumerate(replies)
+        ]
+
+    # ------------------------------------------------------------------ weight sync
+    def _rpc(self, method: str, *args: str, timeout_s: float | None = None):
+        body = {"method": method, "args": [str(a) for a in args]}
+        return http_post(self.url, "/collective_rpc", body, timeout_s=timeout_s or self.timeout_s)
+
+    def _rpc_during(self, fn, method: str, *args: str):
+        """Call ``method`` on the server while ``fn()`` runs here (the two sides of a collective).
+
+        Both run in threads so that a failure of either side is raised at once (a server without
+        the worker extension answers the call with an error while ``fn`` would wait for it until
+        the group's timeout)."""
+        out: dict = {}
+
+        def guarded(key: str, target):
+            try:
+                out[key] = target()
+            except BaseException as exc:  # re-raised in the caller's thread
+                out[f"{key}_error"] = exc
+
+        threads = [
+            threading.Thread(target=guarded, args=("reply", lambda: self._rpc(method, *args))),
+            threading.Thread(target=guarded, args=("local", fn)),
+        ]
+        for t in threads:
+            t.daemon = True  # a side left blocked by a failed peer must not keep the process
+            t.start()
+        deadline = time.monotonic() + self.timeout_s
+        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+            if "reply_error" in out or "local_error" in out:
+                break
+            threads[0].join(0.05)
+        for key in ("reply_error", "local_error"):
+            if key in out:
+                raise out[key]
+        if "reply" not in out or "local" not in out:
+            raise TimeoutError(f"rollout server at {self.url}: {method} did not finish")
+        return out["reply"]
+
+    def _join(self, host: str, port: int) -> None:
+        def form():
+            self._group, self._store = trainer_group(host, port, 2, self.backend, self.timeout_s)
+
+        self._rpc_during(form, "rlvr_join", host, port, 2, 1, self.backend)
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send the trainer's weights (LoRA merged) bucket by bucket; clears the prefix cache."""
+        t0, stats = time.perf_counter(), SyncStats()
+        weights = checkpoint_weights(
+            named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
+        )
+        opts = torch.distributed.BroadcastOptions()
+        opts.rootRank = 0
+        with torch.no_grad():
+            for bucket in weight_buckets(weights, self.bucket_bytes, dtype=self.dtype):
+                bad = [n for n, t in bucket if t.dtype != self.dtype]
+                if bad:
+                    raise ValueError(
+                        f"weight sync sends {DTYPE_NAMES[self.dtype]} tensors only: {bad[:5]}"
+                    )
+                device = "cuda" if self.backend == "nccl" else "cpu"
+                flat = torch.cat([t.reshape(-1).to(device) for _, t in bucket])
+                manifest = {
+                    "dtype": DTYPE_NAMES[self.dtype],
+                    "buckets": [
+                        {
+                            "names": [n for n, _ in bucket],
+                            "shapes": [list(t.shape) for _, t in bucket],
+                        }
+                    ],
+                }
+                send = lambda: self._group.broadcast([flat], opts).wait()  # noqa: B023, E731
+                self._rpc_during(send, "rlvr_receive", json.dumps(manifest))
+                stats.buckets += 1
+                stats.tensors += len(bucket)
+                stats.bytes += flat.numel() * flat.element_size()
+        if self._tied:
+            self._rpc("rlvr_refresh_tied")
+        http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60)
+        stats.seconds = time.perf_counter() - t0
+        self.last_sync_stats = stats
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """Leave the weight-sync group; stop the server if this engine started it."""
+        proc, self._process = self._process, None
+        if self._group is not None:
+            with contextlib.suppress(ConnectionError, RuntimeError, TimeoutError):
+                self._rpc("rlvr_leave", timeout_s=30)  # fails when the server is gone already
+            self._group = self._store = None
+        if proc is not None:
+            from rlvr.rollout.server_launch import stop_server
+
+            stop_server(proc)
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+
+__all__ = ["DTYPES", "ServerEngine", "http_get", "http_post"]

@@ -1,0 +1,173 @@
+"""Starting a rollout server: vLLM's own OpenAI-compatible server (``vllm.entrypoints.openai.
+api_server``) with rlvr's weight receiver as its worker extension, the dev endpoints on
+(``/collective_rpc``, ``/update_weight_version``, ``/reset_prefix_cache``) and the token-in
+token-out endpoint ``/inference/v1/generate``.
+
+``server_command`` is the one command line both launch paths use: ``rlvr train`` with
+``rollout.mode=server`` and no ``rollout.server_url`` (a child process, stopped with the run), and
+``rlvr rollout-server`` (standalone, in the foreground; it outlives trainer restarts).
+No vLLM import here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlvr.rollout.vllm_setup import (
+    DTYPE_NAMES,
+    cpu_kv_cache_bytes,
+    max_model_len_for,
+    max_num_seqs_for,
+    read_config,
+    total_memory,
+)
+
+WORKER_EXTENSION = "rlvr.rollout.server_worker.WeightReceiver"
+
+
+def server_command(
+    cfg, model_dir: str | Path, dtype: torch.dtype, *, host: str = "127.0.0.1", port: int
+) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server ...`` for ``model_dir`` with the run's
+    rollout knobs: the sampler's processed log-probs, no generation defaults from the folder, the
+    engine dtype, and on a CPU an explicit KV-cache size (``cpu_kv_cache_bytes``)."""
+    r = cfg.rollout
+    python = r.server_python or sys.executable
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--dtype",
+        DTYPE_NAMES[dtype],
+        "--seed",
+        str(cfg.train.seed),
+        "--max-model-len",
+        str(max_model_len_for(cfg)),
+        "--max-num-seqs",
+        str(max_num_seqs_for(cfg)),
+        "--tensor-parallel-size",
+        str(r.tensor_parallel_size),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--generation-config",
+        "vllm",
+        "--worker-extension-cls",
+        WORKER_EXTENSION,
+        "--enable-scale-out",
+        "--disable-log-stats",
+    ]
+    if r.enforce_eager:
+        cmd.append("--enforce-eager")
+    if not torch.cuda.is_available():
+        kv = cpu_kv_cache_bytes(
+            read_config(str(model_dir)),
+            dtype,
+            max_model_len=max_model_len_for(cfg),
+            max_num_seqs=max_num_seqs_for(cfg),
+            memory_fraction=r.gpu_memory_utilization,
+            total_memory=total_memory(),
+        )
+        cmd += ["--kv-cache-memory-bytes", str(kv)]
+    else:
+        cmd += ["--gpu-memory-utilization", str(r.gpu_memory_utilization)]
+    return cmd
+
+
+def server_env() -> dict[str, str]:
+    """The server's environment: dev endpoints on, rlvr importable by the worker extension."""
+    env = dict(os.environ)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    src = str(Path(__file__).resolve().parents[2])  # the folder holding the rlvr package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the server when the trainer that started it dies, even by SIGKILL."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
+    """The server as a child process in its own session (stopped with ``stop_server``, and on
+    Linux when the trainer dies)."""
+    log = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
+    try:
+        return subprocess.Popen(
+            cmd,
+            env=server_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    finally:
+        log.close()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, log: Path | None):
+    """Block until ``url``/health answers; a server process that exits first is an error with
+    the tail of its log."""
+    from rlvr.rollout.server import http_get
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log is not None else ""
+            raise RuntimeError(
+                f"the rollout server for {url} exited with code {proc.returncode} during "
+                f"start-up; its log ({log}) ends with:\n{tail}"
+            )
+        try:
+            http_get(url, "/health", timeout_s=5)
+            return
+        except ConnectionError:
+            time.sleep(1.0)
+    raise TimeoutError(f"the rollout server at {url} did not answer /health in {timeout_s} s")
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM the server's process group (the API server and the engine process it started),
+    SIGKILL if it hangs."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout_s)
+
+
+def serve_forever(cfg, *, port: int | None = None, host: str = "0.0.0.0") -> int:
+    """``rlvr rollout-server``: run the server for ``cfg``'s model in the foreground (this
+    process becomes vLLM's server). Trainers connect with ``rollout.server_url`` and push their
+    weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``)."""
+    from rlvr.rollout.vllm_setup import engine_dtype
+    from rlvr.training.policy import resolve_model_path
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = resolve_model_path(cfg.model.name_or_path)
+    cmd = server_command(
+        cfg, folder, engine_dtype(cfg, device), host=host, port=port or cfg.rollout.server_port
+    )
+    print(f"[rlvr] rollout server: {' '.join(cmd)}", flush=True)
+    os.execvpe(cmd[0], cmd, server_env())
+    return 0  # not reached

@@ -1,0 +1,135 @@
+"""rollout.mode=server, the parts that need no vLLM: the error when the server is down, the
+per-prompt seeds and the reading of a server reply (its weight-version label per completion)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr.cli import main as cli_main
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.server import ServerEngine, free_port, parse_choice, request_seeds
+
+
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
+
+
+def test_engine_reports_the_address_when_the_server_is_down():
+    url = _dead_url()
+    with pytest.raises(ConnectionError, match=f"rollout server at {url} is not reachable"):
+        ServerEngine(url, dtype=torch.float32, tied=True)
+
+
+def test_rlvr_train_fails_cleanly_naming_the_address(tiny_model_dir, tmp_path, capsys):
+    url = _dead_url()
+    code = cli_main(
+        [
+            "train",
+            f"model.name_or_path={tiny_model_dir}",
+            f"train.output_dir={tmp_path}",
+            "data.template=none",
+            "logging.progress=false",
+            "model.autocast=off",
+            "rollout.engine=vllm",
+            "rollout.mode=server",
+            f"rollout.server_url={url}",
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"rlvr: error: rollout server at {url} is not reachable" in err
+    assert "rlvr rollout-server" in err  # says how to start one
+
+
+def test_a_taken_port_is_refused_before_starting_a_server(tiny_model_dir, tmp_path):
+    """Otherwise the health check could reach whatever listens there instead of our server."""
+    import socket
+
+    from rlvr.config import load_config
+    from rlvr.training.policy import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_dir), dtype=torch.float32, device="cpu")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = load_config(None, ["rollout.mode=server", f"rollout.server_port={port}"])
+        with pytest.raises(ValueError, match=f"rollout.server_port={port} is in use"):
+            ServerEngine.from_trainer(cfg, model, tok, workdir=tmp_path)
+    assert not list(tmp_path.iterdir())  # nothing exported, nothing started
+
+
+def test_server_mode_needs_the_vllm_engine():
+    from rlvr.config import load_config
+
+    cfg = load_config(None, ["rollout.mode=server", "rollout.engine=hf"])
+    assert "rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)" in cfg.problems()
+
+
+def test_every_prompt_gets_its_own_seed():
+    # explicit per-prompt seeds pass through; otherwise derived from the step seed and the index
+    assert request_seeds(SamplingParams(prompt_seeds=(5, 9)), 2) == [5, 9]
+    assert request_seeds(SamplingParams(seed=2), 3) == [2_000_006, 2_000_007, 2_000_008]
+    assert request_seeds(SamplingParams(), 2) == [None, None]
+    with pytest.raises(ValueError, match="1 prompt seeds for 2 prompts"):
+        request_seeds(SamplingParams(prompt_seeds=(1,)), 2)
+
+
+def _choice(versions, tokens=(4, 3), finish="stop") -> dict:
+    return {
+        "index": 0,
+        "finish_reason": finish,
+        "token_ids": list(tokens),
+        "text": "ab",
+        "logprobs": {"content": [{"logprob": -0.5}, {"logprob": -1.25}][: len(tokens)]},
+        "weight_versions": [{"version": v, "start": 0, "end": 2} for v in versions],
+    }
+
+
+def test_a_reply_becomes_a_completion_with_the_servers_version_label():
+    c = parse_choice(3, _choice(["7"]))
+    assert (c.prompt_index, c.token_ids, c.logprobs, c.text) == (3, [4, 3], [-0.5, -1.25], "ab")
+    assert c.policy_version == 7 and not c.truncated
+    # a server never synced by a trainer labels its weights "default": no version
+    assert parse_choice(0, _choice(["default"])).policy_version is None
+    with pytest.raises(RuntimeError, match="several weight versions"):
+        parse_choice(0, _choice(["1", "2"]))
+    with pytest.raises(RuntimeError, match="no log-prob"):
+        parse_choice(0, _choice(["1"], tokens=(4, 3, 2)))
+
+
+def test_a_server_without_the_weight_receiver_fails_at_once_not_at_the_group_timeout():
+    """A plain `vllm serve` (no rlvr worker extension) answers /health but fails the
+    rlvr_join call; the trainer must raise that error, not wait for the weight group to form
+    until its timeout. Stand-in server: stdlib HTTP, the same two answers vLLM gives."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # /health
+            self.send_response(200)
+            self.end_headers()
+
+        def do_POST(self):  # /collective_rpc: vLLM's error for a method the worker lacks
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b'{"error": "Method rlvr_join is not implemented"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    t = time.monotonic()
+    try:
+        with pytest.raises(RuntimeError, match="rlvr_join is not implemented"):
+            ServerEngine(url, dtype=torch.float32, tied=True, timeout_s=60)
+    finally:
+        httpd.shutdown()
+    assert time.monotonic() - t < 10  # not the 60 s group timeout
