@@ -26,6 +26,7 @@ from rlvr.training.trainer import Trainer
 class CopyEngine(HFEngine):
     def __init__(self, model, tokenizer):
         super().__init__(copy.deepcopy(model), tokenizer)
+        self.shares_weights = False  # it holds its own copy of the weights, as vLLM does
         self.loads = 0
 
     def load_weights(self, named_tensors) -> None:

@@ -140,3 +140,23 @@ def test_staleness_one_run_logs_versions_and_resumes_exactly(tiny_model_dir, tmp
         full.model.state_dict().items(), resumed.model.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), n
+
+
+def test_the_transformers_engine_is_never_stale_whatever_sync_every(tiny_model_dir, tmp_path):
+    """The hf engine samples from the trainer's own module, so its completions come from the
+    current policy even when rollout.sync_every skips syncs: staleness must read 0 on every step
+    (a metric that reports lag that is not there sends users chasing a bug that does not exist).
+    With max_staleness=1 the lag is real and reads 1 from step 2 on."""
+    cfg = tiny_config(tiny_model_dir, tmp_path / "a", *COMMON, "rollout.sync_every=3")
+    trainer = Trainer(cfg)
+    trainer.fit()
+    lines = [m for m in read_lines(trainer.ctx.run_dir) if m["step"] > 0]
+    assert [m["staleness_max"] for m in lines] == [0.0, 0.0, 0.0]
+    assert all(m["logprob_diff_max"] < 1e-4 for m in lines)  # the same weights, truly
+    cfg = tiny_config(
+        tiny_model_dir, tmp_path / "b", *COMMON, "rollout.sync_every=3", "rollout.max_staleness=1"
+    )
+    trainer = Trainer(cfg)
+    trainer.fit()
+    lines = [m for m in read_lines(trainer.ctx.run_dir) if m["step"] > 0]
+    assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 1.0]

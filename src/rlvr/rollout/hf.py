@@ -40,6 +40,9 @@ class HFEngine:
         self.synced = synced
         # The trainer's module is this engine's: whatever version the trainer records is held.
         self.policy_version = 0
+        # generate() runs the trainer's module itself: sync_engine never pushes weights here and
+        # labels every completion with the current policy version
+        self.shares_weights = True
         # a VLM's image placeholders are never sampled (see vision_token_ids)
         self.suppress = vision_token_ids(getattr(model, "config", None))
 

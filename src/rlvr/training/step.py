@@ -39,9 +39,12 @@ def sync_engine(
     """Give ``engine`` the state's weights when it holds an older policy version.
 
     ``every`` > 1 lets generation run on weights up to ``every - 1`` updates old
-    (``rollout.sync_every``); evaluation and restore call it with 1. Returns the engine's sync
-    statistics, or None when nothing was pushed.
-    """
+    (``rollout.sync_every``); evaluation and restore call it with 1. An engine that samples from
+    the trainer's own module (``shares_weights``) is always current. Returns the engine's sync
+    statistics, or None when nothing was pushed."""
+    if getattr(engine, "shares_weights", False):
+        engine.policy_version = state.policy_version
+        return None
     lag = state.policy_version - engine.policy_version
     if lag == 0 or (0 < lag < every):
         return None
@@ -100,7 +103,6 @@ class Step:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self._device.type, dtype=torch.bfloat16)
 
-    # ------------------------------------------------------------------ the step
     def run(self) -> tuple[dict, RolloutBatch]:
         times: dict[str, float] = {}
         t_step = time.perf_counter()
@@ -332,7 +334,6 @@ class Step:
             self.engine, self.state, self.named_weights, every=self.cfg.rollout.sync_every
         )
 
-    # ------------------------------------------------------------------ metrics
     def _global_rollout_metrics(self, batch: RolloutBatch) -> dict:
         """Rollout metrics over every rank's completions (each rank holds a slice)."""
         scores, valid, comps, rewards = batch.scores, batch.valid, batch.completions, batch.rewards
