@@ -8,8 +8,6 @@ them, so the precision is fixed by ``eval.dtype`` and not by the CPU the run lan
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from rlvr.rollout.hf import HFEngine
@@ -60,13 +58,13 @@ def hf_eval_engine(
 
 
 def engine_kind(cfg) -> str:
-    """hf or vllm: ``rollout.engine``, with ``auto`` resolved as training resolves it."""
+    """hf or vllm: ``rollout.engine``, with ``auto`` meaning vllm wherever it is installed (in one
+    process or, one engine per rank, under torchrun)."""
     if cfg.rollout.engine != "auto":
         return cfg.rollout.engine
     from rlvr.training.run_setup import vllm_available
 
-    multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return "vllm" if vllm_available() and not multi else "hf"
+    return "vllm" if vllm_available() else "hf"
 
 
 def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
@@ -89,7 +87,15 @@ def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
     dtype = resolve_eval_dtype(cfg, next(module.parameters()).device)
     if engine.name == "vllm" and engine.dtype == dtype:
         return engine
-    return hf_eval_engine(module, tokenizer, cfg, dtype, synced=getattr(engine, "synced", False))
+    # beside vLLM under FSDP2 the module is sharded: every rank must run the same forward passes
+    synced = getattr(engine, "synced", False) or _sharded(module)
+    return hf_eval_engine(module, tokenizer, cfg, dtype, synced=synced)
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
 
 
 def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg):

