@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -260,17 +261,19 @@ class VLLMEngine:
         run_ids, seed, (lo, hi) = tp_generate_inputs(prompt_ids, params.seed, self.tp)
         if seed is not None:
             torch.manual_seed(seed)
+        # vLLM refuses n > 1 with greedy sampling: n requests of one reply each instead
+        reps = params.n if params.temperature == 0 else 1
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in run_ids for _ in range(reps)]
         outs = llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in run_ids],
-            self._sampling_params(params),
-            use_tqdm=False,
+            requests, self._sampling_params(replace(params, n=params.n // reps)), use_tqdm=False
         )
-        if len(outs) != len(run_ids):
-            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(run_ids)} prompts")
-        return [
-            [_completion(i, o) for o in sorted(req.outputs, key=lambda o: o.index)]
-            for i, req in enumerate(outs[lo:hi])
-        ]
+        if len(outs) != len(requests):
+            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(requests)} requests")
+        groups: list[list[Completion]] = [[] for _ in run_ids]
+        for i, req in enumerate(outs):
+            outputs = sorted(req.outputs, key=lambda o: o.index)
+            groups[i // reps] += [_completion(i // reps - lo, o) for o in outputs]
+        return groups[lo:hi]
 
     @staticmethod
     def _sampling_params(params: SamplingParams):
