@@ -295,7 +295,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         rows = max(1, min(rows, a.micro_batch_tokens // (prompt + completion)))
     engine = r.engine
     if engine == "auto":
-        engine = "vllm" if importlib.util.find_spec("vllm") and world_size == 1 else "hf"
+        engine = "vllm" if importlib.util.find_spec("vllm") else "hf"  # one engine per rank
     max_len = vs.max_model_len_for(cfg)
     edtype = vs.engine_dtype(cfg, device)
     kv, total, gen_logits = 0, 0, 0
