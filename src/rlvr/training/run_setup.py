@@ -92,8 +92,10 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
             f"algo.objective={cfg.algo.objective} runs in one process only for now (its value "
             "head is not sharded)"
         )
+    from rlvr.eval.engine import engine_kind
+
     tp = cfg.rollout.tensor_parallel_size
-    if cfg.rollout.engine != "hf" and info.world_size % tp:
+    if engine_kind(cfg) == "vllm" and info.world_size % tp:
         out.append(
             f"rollout.tensor_parallel_size={tp} must divide the number of processes "
             f"({info.world_size}): each group of that many ranks shares one vLLM engine"
