@@ -109,6 +109,22 @@ def test_greedy_stop_string_matches_hf_engine(engine, tok):
             assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
 
 
+def test_greedy_groups_are_n_equal_replies(engine, tok):
+    # rollout.temperature=0 with algo.group_size > 1: vLLM itself refuses n > 1 when greedy
+    trained = trained_copy(base_model(tok), tok)
+    engine.load_weights(trained.state_dict().items())
+    prompts = _ids(tok, "x", "hello", "ab")
+    out = engine.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=12))
+    one = engine.generate(prompts, SamplingParams(n=1, temperature=0.0, max_new_tokens=12))
+    assert [len(g) for g in out] == [3, 3, 3]
+    for i, (group, single) in enumerate(zip(out, one, strict=True)):
+        assert [c.prompt_index for c in group] == [i, i, i]
+        assert {(tuple(c.token_ids), tuple(c.logprobs)) for c in group} == {
+            (tuple(single[0].token_ids), tuple(single[0].logprobs))
+        }
+    assert out[0][0].text == "yz"  # the trained copy's greedy reply to "x"
+
+
 def test_bad_prompts_fail_clearly(engine, tok):
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
     with pytest.raises(ValueError, match=r"prompt_ids\[1\] is empty"):

@@ -5,6 +5,7 @@ These need torch and peft only, so they also run where vLLM is not installed.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -220,8 +221,14 @@ def test_export_writes_a_loadable_checkpoint(tok, tmp_path):
 
     model = base_model(tok)
     weights = checkpoint_weights(model.state_dict().items(), {}, adapter="default", tied=True)
-    names = export_checkpoint(tmp_path, model, tok, weights, torch.bfloat16)
+    # shard_bytes=1: one file per unit (embedding, each decoder block, final norm), each written
+    # as the stream reaches it (the export never holds the whole model)
+    names = export_checkpoint(tmp_path, model, tok, weights, torch.bfloat16, shard_bytes=1)
     assert "lm_head.weight" not in names and len(names) == 20
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == sorted(names)
+    assert len(list(tmp_path.glob("model-*.safetensors"))) == 2 + TINY["layers"]
+    assert index["weight_map"]["model.layers.1.mlp.up_proj.weight"] == "model-00003.safetensors"
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
     for name, t in model.state_dict().items():  # bf16 round trip: relative error <= 2^-8
         torch.testing.assert_close(loaded.state_dict()[name], t, rtol=2**-8, atol=0)

@@ -38,3 +38,20 @@ def test_two_ranks_match_one_process(tiny_model_dir, tmp_path, parallel):
     base = load_file(sorted(tiny_model_dir.glob("*.safetensors"))[0])
     moved = max(float((w1[k] - base[k]).abs().max()) for k in w1 if k in base)
     assert moved > 1e-3
+
+
+def test_vllm_is_allowed_with_several_processes_when_tp_divides_them():
+    from rlvr.config import load_config
+    from rlvr.training.distributed import DistInfo
+    from rlvr.training.run_setup import distributed_problems
+
+    two = DistInfo(rank=0, world_size=2)
+    ok = load_config(None, ["rollout.engine=vllm", "algo.prompts_per_step=4"])
+    assert distributed_problems(ok, two) == []
+    ok.rollout.tensor_parallel_size = 2  # both ranks share one engine
+    assert distributed_problems(ok, two) == []
+    bad = load_config(None, ["rollout.engine=vllm", "rollout.tensor_parallel_size=4"])
+    assert distributed_problems(bad, two) == [
+        "rollout.tensor_parallel_size=4 must divide the number of processes (2): each group of "
+        "that many ranks shares one vLLM engine"
+    ]

@@ -79,7 +79,15 @@ def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
     dtype = resolve_eval_dtype(cfg, next(module.parameters()).device)
     if engine.name == "vllm" and engine.dtype == dtype:
         return engine
-    return hf_eval_engine(module, tokenizer, cfg, dtype, synced=getattr(engine, "synced", False))
+    # beside vLLM under FSDP2 the module is sharded: every rank must run the same forward passes
+    synced = getattr(engine, "synced", False) or _sharded(module)
+    return hf_eval_engine(module, tokenizer, cfg, dtype, synced=synced)
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
 
 
 def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=None):

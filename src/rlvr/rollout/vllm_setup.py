@@ -17,7 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlvr.rollout.weight_sync import LoraMerge, SyncStats, merged_named_weights
+from rlvr.rollout.weight_sync import (
+    PEFT_PREFIX,
+    LoraMerge,
+    SyncStats,
+    full_tensors,
+    merged_named_weights,
+    weight_buckets,
+)
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -53,12 +60,20 @@ def checkpoint_weights(
     """The trainer's state dict as plain checkpoint tensors (LoRA merged, tied lm_head dropped).
 
     With tied embeddings the engine's output layer *is* its embedding, so the separate
-    ``lm_head.weight`` entry (the same tensor again) is not sent.
+    ``lm_head.weight`` entry (the same tensor again) is not sent; it is dropped before FSDP2
+    shards are gathered (``full_tensors``), so it costs no all-gather either.
     """
-    for name, tensor in merged_named_weights(named, plan, adapter=adapter, stats=stats):
+    if tied:
+        named = ((n, t) for n, t in named if n.removeprefix(PEFT_PREFIX) != "lm_head.weight")
+    merged = merged_named_weights(full_tensors(named), plan, adapter=adapter, stats=stats)
+    for name, tensor in merged:
         if tied and name == "lm_head.weight":
             continue
         yield name, tensor
+
+
+# One safetensors file per bucket while exporting: the export holds one bucket, not the model.
+EXPORT_SHARD_BYTES = 512 * 2**20
 
 
 def export_checkpoint(
@@ -67,27 +82,43 @@ def export_checkpoint(
     tokenizer,
     weights: Iterable[tuple[str, torch.Tensor]],
     dtype: torch.dtype,
+    *,
+    write: bool = True,
+    shard_bytes: int = EXPORT_SHARD_BYTES,
 ) -> list[str]:
-    """Write ``config.json``, the tokenizer and ``model.safetensors`` (in ``dtype``) to ``out_dir``.
+    """Write ``config.json``, the tokenizer and the weights (in ``dtype``) to ``out_dir``.
 
-    Returns the tensor names written: every later weight sync must send exactly these.
+    The weights go to ``model-NNNNN.safetensors`` files of about ``shard_bytes`` each, with a
+    ``model.safetensors.index.json`` (the layout transformers and vLLM read). ``write=False``:
+    only consume the stream (a rank whose node-mate writes the folder still takes part in the
+    FSDP2 gathers). Returns the tensor names: every later weight sync must send exactly these.
     """
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config = base_config(model)
-    config.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    tensors = {}
-    for name, t in weights:
-        t = t.detach().to(device="cpu", dtype=dtype if t.is_floating_point() else t.dtype)
-        tensors[name] = t.contiguous()
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "rlvr_engine_export.json").write_text(
-        json.dumps({"dtype": DTYPE_NAMES.get(dtype, str(dtype)), "tensors": len(tensors)})
-    )
-    return list(tensors)
+    if write:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        base_config(model).save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    names: list[str] = []
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, bucket in enumerate(weight_buckets(weights, shard_bytes, dtype=dtype)):
+        names += [n for n, _ in bucket]
+        if not write:
+            continue
+        fname = f"model-{i + 1:05d}.safetensors"
+        tensors = {n: t.to("cpu").contiguous() for n, t in bucket}
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        save_file(tensors, str(out_dir / fname), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, fname))
+    if write:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+        (out_dir / "rlvr_engine_export.json").write_text(
+            json.dumps({"dtype": DTYPE_NAMES.get(dtype, str(dtype)), "tensors": len(names)})
+        )
+    return names
 
 
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:

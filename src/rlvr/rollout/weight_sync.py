@@ -10,6 +10,8 @@ Pure torch (no vLLM import at module level), so the conversions are tested witho
 - ``weight_buckets(named, bucket_bytes)`` groups the stream into buckets of about
   ``bucket_bytes`` that never split one decoder block: vLLM fuses q/k/v and gate/up of a block
   into one layer and processes a layer only when all of its parts arrived in the same reload call.
+- ``full_tensors(named)`` gathers FSDP2's DTensor shards one tensor at a time (a collective every
+  rank runs in the same order), so a bucket, never the whole model, is materialised on a rank.
 - ``refresh_tied_output_layers`` (run on the vLLM worker after a reload) and ``check_tied_lora``:
   the tied-embedding cases a reload alone gets wrong.
 """
@@ -48,6 +50,21 @@ class SyncStats:
     buckets: int = 0
     lora_merged: int = 0
     seconds: float = 0.0
+
+
+def full_tensors(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stream with every DTensor (an FSDP2 shard) replaced by its full tensor, lazily.
+
+    ``full_tensor()`` is an all-gather: every rank must pull the same names in the same order (a
+    model's ``state_dict()`` is), and a consumer that keeps one bucket at a time keeps one
+    bucket of full tensors. Plain tensors (one process, DDP) pass through.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in named:
+        yield name, tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def lora_merge_plan(model: torch.nn.Module) -> dict[str, LoraMerge]:

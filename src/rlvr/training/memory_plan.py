@@ -275,14 +275,12 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
 def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: int) -> PlanSpec:
     """The `PlanSpec` of a run config on ``device`` ("cpu" or "cuda"), ``device_total`` bytes
     being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
-    import importlib.util
-
     import torch
 
     from rlvr.objectives import build_objective
     from rlvr.rollout import vllm_setup as vs
     from rlvr.training.policy import choose_attention
-    from rlvr.training.run_setup import resolve_autocast
+    from rlvr.training.run_setup import engine_for, resolve_autocast
 
     m, a, r = cfg.model, cfg.algo, cfg.rollout
     shape = shape_from_config(model_config)
@@ -293,9 +291,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     rows = a.micro_batch_size
     if a.micro_batch_tokens:
         rows = max(1, min(rows, a.micro_batch_tokens // (prompt + completion)))
-    engine = r.engine
-    if engine == "auto":
-        engine = "vllm" if importlib.util.find_spec("vllm") and world_size == 1 else "hf"
+    engine = engine_for(cfg)  # as training picks it: vLLM (one engine per rank) when installed
     max_len = vs.max_model_len_for(cfg)
     edtype = vs.engine_dtype(cfg, device)
     kv, total, gen_logits = 0, 0, 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,9 +111,11 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
         out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
-    if cfg.rollout.engine == "vllm":
+    tp = cfg.rollout.tensor_parallel_size
+    if engine_for(cfg) == "vllm" and info.world_size % tp:
         out.append(
-            "rollout.engine=vllm runs in one process only for now (one engine per node is future work)"
+            f"rollout.tensor_parallel_size={tp} must divide the number of processes "
+            f"({info.world_size}): each group of that many ranks shares one vLLM engine"
         )
     if cfg.rollout.mode == "server":
         out.append("rollout.mode=server runs with one trainer process for now")
@@ -338,13 +339,13 @@ VLLM_VLM_REFUSAL = (
 )
 
 
-def engine_for(cfg: Config, model) -> str:
-    """hf or vllm: ``rollout.engine``, with auto = vLLM when installed, in one process, for a
-    text model (several processes: one vLLM engine per node is not built yet)."""
-    vlm = is_vlm_config(getattr(model, "config", None))
+def engine_for(cfg: Config, model=None) -> str:
+    """hf or vllm: ``rollout.engine``, with auto = vLLM wherever it is installed (in one process
+    or, one engine per rank, under torchrun) for a text model. Training, `rlvr eval` and the
+    config checks all choose here; without ``model`` (config time) a text model is assumed."""
+    vlm = model is not None and is_vlm_config(getattr(model, "config", None))
     if cfg.rollout.engine == "auto":
-        multi = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        return "vllm" if vllm_available() and not multi and not vlm else "hf"
+        return "vllm" if vllm_available() and not vlm else "hf"
     if cfg.rollout.engine == "vllm" and vlm:
         raise ConfigError(VLLM_VLM_REFUSAL)
     return cfg.rollout.engine
@@ -371,7 +372,7 @@ def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool 
         from rlvr.rollout.server import ServerEngine
 
         return ServerEngine.from_trainer(cfg, model, tokenizer)
-    if engine_for(cfg, model) == "vllm":
+    if engine_for(cfg, model) == "vllm":  # one engine per rank (or TP group) under torchrun
         from rlvr.rollout.vllm import VLLMEngine
 
         return VLLMEngine.from_trainer(cfg, model, tokenizer)
