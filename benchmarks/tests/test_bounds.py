@@ -12,6 +12,13 @@ from benchmarks.report import render_markdown
 from benchmarks.tests.test_report import _cells, _payload
 
 INFO = {"total_params": 110, "nonembed_params": 100, "head_params": 10, "kv_bytes_per_token": 10}
+# one step: two sequences with prompts of 2 and 3 tokens and replies of 1 and 2
+REC = {
+    "prompt_tokens": 5,
+    "completion_tokens": 3,
+    "seq_prompt_lens": [2, 3],
+    "completion_lens": [1, 2],
+}
 
 
 def test_decode_bytes_by_hand():
@@ -25,13 +32,7 @@ def test_decode_bytes_by_hand():
 
 
 def test_phase_bounds_by_hand():
-    rec = {
-        "prompt_tokens": 5,
-        "completion_tokens": 3,
-        "seq_prompt_lens": [2, 3],
-        "completion_lens": [1, 2],
-    }
-    b = phase_bounds(rec, {**INFO, "engine": "vllm"}, peak_flops=1000.0, bandwidth=10.0)
+    b = phase_bounds(REC, {**INFO, "engine": "vllm"}, peak_flops=1000.0, bandwidth=10.0)
     # update: 6 * (100 * 8 + 10 * 3) = 4980 FLOPs at 1000 FLOP/s
     assert b["update"] == pytest.approx(4.98)
     # generation: bf16 weights of body + head = 2 * 110 = 220 bytes per decoding step;
@@ -39,25 +40,19 @@ def test_phase_bounds_by_hand():
     assert b["generate"] == pytest.approx(53.0)
     # sync into vLLM's own copy: 220 bytes read and 220 written; the transformers engine has none
     assert b["sync"] == pytest.approx(44.0)
-    assert "sync" not in phase_bounds(rec, {**INFO, "engine": "hf"}, 1000.0, 10.0)
+    assert "sync" not in phase_bounds(REC, {**INFO, "engine": "hf"}, 1000.0, 10.0)
     # without per-sequence lengths (an old results file) there is no generation bound
     assert "generate" not in phase_bounds(
         {"prompt_tokens": 5, "completion_tokens": 3}, INFO, 1000.0, 10.0
     )
     with pytest.raises(ValueError, match="must be > 0"):
-        phase_bounds(rec, INFO, peak_flops=0.0, bandwidth=10.0)
+        phase_bounds(REC, INFO, peak_flops=0.0, bandwidth=10.0)
 
 
 def test_bound_summary_weighs_steps_by_time_and_skips_idle_phases():
-    rec = {
-        "prompt_tokens": 5,
-        "completion_tokens": 3,
-        "seq_prompt_lens": [2, 3],
-        "completion_lens": [1, 2],
-    }
     steps = [
-        {**rec, "phases": {"generate": 106.0, "update": 4.98, "sync": 0.0}},
-        {**rec, "phases": {"generate": 53.0, "update": 9.96, "sync": 0.0}},
+        {**REC, "phases": {"generate": 106.0, "update": 4.98, "sync": 0.0}},
+        {**REC, "phases": {"generate": 53.0, "update": 9.96, "sync": 0.0}},
     ]
     out = bound_summary(steps, {**INFO, "engine": "vllm"}, peak_flops=1000.0, bandwidth=10.0)
     # generation: 2 x 53 s of bound over 159 s spent = 2/3; update: 9.96 / 14.94 = 2/3
