@@ -111,9 +111,3 @@ class WeightReceiver:
         from rlvr.rollout.weight_sync import refresh_tied_output_layers
 
         return refresh_tied_output_layers(self)
-
-    def rlvr_seed(self, seed: str) -> str:
-        """Seed the worker's torch generator, which the CPU sampler draws from (the CPU backend
-        has no per-request seed), like the in-process engine does before each generate."""
-        torch.manual_seed(int(seed))
-        return "seeded"
