@@ -64,11 +64,12 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
 # Side-by-side benchmark against TRL (TRL goes into benchmarks/.venv-trl, never into .venv).
-# make bench WORKLOAD=default STEPS=10; workloads: quick, default, long, target.
+# make bench WORKLOAD=default STEPS=10 [SEEDS=0,1]; workloads: quick, default, long, target
+# (target runs seeds 0-4 unless SEEDS is given).
 WORKLOAD ?= quick
 STEPS ?=
 bench: setup
-	$(PY) -m benchmarks.step --workload $(WORKLOAD) $(if $(STEPS),--steps $(STEPS)) --out benchmarks/results
+	$(PY) -m benchmarks.step --workload $(WORKLOAD) $(if $(STEPS),--steps $(STEPS)) $(if $(SEEDS),--seeds $(SEEDS)) --out benchmarks/results
 
 clean-venv:
 	rm -rf $(VENV)

@@ -185,10 +185,14 @@ def results_paths(out_dir: Path, date: str, workload: str) -> tuple[Path, Path]:
     return out_dir / f"{stem}.json", out_dir / f"{stem}.md"
 
 
-def write_results(out_dir: Path, payload: dict) -> tuple[Path, Path]:
+def write_results(
+    out_dir: Path, payload: dict, paths: tuple[Path, Path] | None = None
+) -> tuple[Path, Path]:
+    """Write the payload as .json and .md: to ``paths`` when given (a run rewriting its own
+    files after every seed), else to fresh ``results_paths``."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    js, md = results_paths(out_dir, payload["date"], payload["workload"]["name"])
+    js, md = paths or results_paths(out_dir, payload["date"], payload["workload"]["name"])
     js.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     md.write_text(render_markdown(payload))
     return js, md

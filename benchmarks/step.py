@@ -70,12 +70,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--block", type=int, default=None, help="steps per turn (workload default)")
     p.add_argument("--warmup", type=int, default=None, help="steps left out of the figures")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="one seed (default: the workload's)")
     p.add_argument(
         "--seeds",
         default=None,
         help="comma list of seeds (e.g. 0,1,2,3,4): the whole side-by-side run once per seed, "
-        "then steps and seconds to target as median [min-max] and a reward-vs-time plot",
+        "then steps and seconds to target as median [min-max] and a reward-vs-time plot "
+        "(default: the workload's seeds; 0,1,2,3,4 for 'target'). Results are written after "
+        "every seed, so a run cut short keeps the seeds it finished",
     )
     p.add_argument(
         "--sides",
@@ -238,6 +240,82 @@ def run_seed(
     return sides, prompts_agree(workers, schedule)
 
 
+def pick_seeds(args: argparse.Namespace, w) -> list[int]:
+    """``--seeds`` if given, else ``--seed``, else the workload's own seeds."""
+    if args.seeds:
+        return parse_seeds(args.seeds)
+    if args.seed is not None:
+        return [args.seed]
+    return list(w.seeds)
+
+
+def write_seed_results(
+    args: argparse.Namespace,
+    w,
+    fixed: dict,
+    seeds: list[int],
+    per_seed: dict[str, dict],
+    agree: list[bool],
+) -> tuple[dict, Path, Path]:
+    """Write the results of the seeds run so far (called after every seed, so a run cut short
+    keeps what it finished); returns the payload and the .json and .md paths."""
+    load_start, load_end = fixed["load_average_start"], load_average()
+    sides = per_seed[str(seeds[0])]
+    notes = [
+        "Training FLOPs = 6 x body parameters x (prompt + completion tokens) + 6 x LM-head "
+        "parameters x completion tokens, real tokens only; achieved FLOP/s divides by the update "
+        "phase's time.",
+        "Times are medians over the steps after warm-up; token rates are totals over those steps "
+        "divided by the phase's total time.",
+    ]
+    if len(per_seed) < len(seeds):
+        notes.append(
+            f"Partial: {len(per_seed)} of {len(seeds)} seeds done when this was written "
+            f"({', '.join(per_seed)}); the run was still going or was stopped."
+        )
+    if load_start[0] > 0.5 or load_end[0] > 2.5:
+        notes.append(
+            f"The machine was not quiet (1-min load average {load_start[0]:.2f} at start, "
+            f"{load_end[0]:.2f} at end; the benchmark itself runs {args.threads} thread(s)): "
+            "absolute times are noisy; the ratios are fairer since the sides alternate."
+        )
+    if w.target_reward is not None:
+        for seed, runs in per_seed.items():
+            for s, res in runs.items():
+                if res["summary"].get("time_to_target_s") is None:
+                    notes.append(
+                        f"{s} (seed {seed}) did not reach the target within "
+                        f"{len(res['steps'])} steps (capped run)."
+                    )
+    payload = {
+        **{k: v for k, v in fixed.items() if k != "paths"},
+        "date": time.strftime("%Y-%m-%d"),
+        "time": time.strftime("%H:%M:%S"),
+        "load_average_end": list(load_end),
+        "prompts_match": all(agree),
+        "sides": sides,
+        "ratios": all_ratios(sides),
+        "notes": notes,
+    }
+    if len(seeds) > 1:
+        payload.update(
+            seeds=seeds,
+            seeds_done=[int(x) for x in per_seed],
+            per_seed=per_seed,
+            over_seeds=over_seeds(per_seed),
+        )
+    # the first seed picks fresh file names; later seeds rewrite those same files
+    js, md = write_results(args.out, payload, fixed.get("paths"))
+    fixed["paths"] = (js, md)
+    if len(seeds) > 1:
+        png = plot_reward_vs_time(
+            per_seed, js.with_suffix(".png"), w.target_window, w.target_reward
+        )
+        with open(md, "a") as f:
+            f.write(f"\n![training reward against wall time, every run]({png.name})\n")
+    return payload, js, md
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -249,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench] {exc}", file=sys.stderr)
         return 2
     try:
-        seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+        seeds = pick_seeds(args, w)
     except ValueError as exc:
         print(f"[bench] {exc}", file=sys.stderr)
         return 2
@@ -291,42 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     hw = {"peak_flops": peaks["bfloat16"] * 1e9, "bandwidth": bandwidth}
     per_seed: dict[str, dict] = {}
     agree: list[bool] = []
-    for seed in seeds:
-        if len(seeds) > 1:
-            print(f"[bench] seed {seed}", flush=True)
-        seed_work = work if len(seeds) == 1 else work / f"seed{seed}"
-        seed_work.mkdir(parents=True, exist_ok=True)
-        per_seed[str(seed)], same = run_seed(
-            args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, hw
-        )
-        agree.append(same)
-    load_end = load_average()
-
-    sides = per_seed[str(seeds[0])]
-    notes = [
-        "Training FLOPs = 6 x body parameters x (prompt + completion tokens) + 6 x LM-head "
-        "parameters x completion tokens, real tokens only; achieved FLOP/s divides by the update "
-        "phase's time.",
-        "Times are medians over the steps after warm-up; token rates are totals over those steps "
-        "divided by the phase's total time.",
-    ]
-    if load_start[0] > 0.5 or load_end[0] > 2.5:
-        notes.append(
-            f"The machine was not quiet (1-min load average {load_start[0]:.2f} at start, "
-            f"{load_end[0]:.2f} at end; the benchmark itself runs {args.threads} thread(s)): "
-            "absolute times are noisy; the ratios are fairer since the sides alternate."
-        )
-    if w.target_reward is not None:
-        for seed, runs in per_seed.items():
-            for s, res in runs.items():
-                if res["summary"].get("time_to_target_s") is None:
-                    notes.append(
-                        f"{s} (seed {seed}) did not reach the target within "
-                        f"{len(res['steps'])} steps (capped run)."
-                    )
-    payload = {
-        "date": time.strftime("%Y-%m-%d"),
-        "time": time.strftime("%H:%M:%S"),
+    # the payload fields that do not change from seed to seed
+    fixed = {
         "command": "python -m benchmarks.step " + shlex.join(argv),
         "workload": w.to_dict(),
         "model": "tiny (rlvr.training.tiny)" if w.model == "tiny" else "SmolLM2-135M-Instruct",
@@ -338,24 +382,20 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "machine": machine_info(),
         "load_average_start": list(load_start),
-        "load_average_end": list(load_end),
         "matmul_peak_gflops": peaks,
         "memory_bandwidth_gbs": bandwidth / 1e9,
-        "prompts_match": all(agree),
         "work_dir": str(work),
-        "sides": sides,
-        "ratios": all_ratios(sides),
-        "notes": notes,
     }
-    if len(seeds) > 1:
-        payload.update(seeds=seeds, per_seed=per_seed, over_seeds=over_seeds(per_seed))
-    js, md = write_results(args.out, payload)
-    if len(seeds) > 1:
-        png = plot_reward_vs_time(
-            per_seed, js.with_suffix(".png"), w.target_window, w.target_reward
+    for seed in seeds:
+        if len(seeds) > 1:
+            print(f"[bench] seed {seed}", flush=True)
+        seed_work = work if len(seeds) == 1 else work / f"seed{seed}"
+        seed_work.mkdir(parents=True, exist_ok=True)
+        per_seed[str(seed)], same = run_seed(
+            args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, hw
         )
-        with open(md, "a") as f:
-            f.write(f"\n![training reward against wall time, every run]({png.name})\n")
+        agree.append(same)
+        payload, js, md = write_seed_results(args, w, fixed, seeds, per_seed, agree)
     print(render_markdown(payload))
     print(f"[bench] wrote {js} and {md}", flush=True)
     return 0

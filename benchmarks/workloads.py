@@ -33,6 +33,8 @@ class Workload:
     micro_batch: int = 8  # sequences per forward/backward pass on both sides
     target_reward: float | None = None  # "time to target" workloads stop each side once reached
     target_window: int = 3
+    # seeds run when neither --seed nor --seeds is given: time to target is a distribution
+    seeds: tuple[int, ...] = (0,)
 
     @property
     def sequences(self) -> int:
@@ -48,7 +50,16 @@ WORKLOADS: dict[str, Workload] = {
     "default": Workload("default", "default", 2, 8, 64, steps=10, warmup=2, block=2),
     "long": Workload("long", "default", 2, 16, 128, steps=8, warmup=2, block=2),
     "target": Workload(
-        "target", "default", 4, 8, 48, steps=40, warmup=2, block=3, target_reward=0.9
+        "target",
+        "default",
+        4,
+        8,
+        48,
+        steps=40,
+        warmup=2,
+        block=3,
+        target_reward=0.9,
+        seeds=(0, 1, 2, 3, 4),
     ),
 }
 

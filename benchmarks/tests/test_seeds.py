@@ -74,3 +74,39 @@ def test_two_seeds_end_to_end(tmp_path, capsys):
     assert js.with_suffix(".png").stat().st_size > 0
     md = js.with_suffix(".md").read_text()
     assert "Over seeds (rlvr (transformers): 2 runs)" in md and js.with_suffix(".png").name in md
+
+
+def test_a_run_cut_short_keeps_the_seeds_it_finished(tmp_path, monkeypatch):
+    """Results are written after every seed: stopped during seed 1, the files hold seed 0."""
+    import benchmarks.step as step
+
+    real = step.run_seed
+    calls = []
+
+    def stop_on_second_seed(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(step, "run_seed", stop_on_second_seed)
+    argv = ["--workload", "quick", "--steps", "2", "--warmup", "1", "--sides", "rlvr"]
+    argv += ["--seeds", "0,1", "--threads", "1", "--out", str(tmp_path / "out")]
+    with pytest.raises(KeyboardInterrupt):
+        step.main(argv)
+    (js,) = (tmp_path / "out").glob("*-quick.json")
+    payload = json.loads(js.read_text())
+    assert payload["seeds"] == [0, 1] and payload["seeds_done"] == [0]
+    assert set(payload["per_seed"]) == {"0"}
+    assert any(n.startswith("Partial: 1 of 2 seeds") for n in payload["notes"])
+
+
+def test_the_target_workload_runs_five_seeds_unless_told_otherwise():
+    from benchmarks.step import parse_args, pick_seeds
+    from benchmarks.workloads import get_workload
+
+    target = get_workload("target")
+    assert pick_seeds(parse_args(["--workload", "target"]), target) == [0, 1, 2, 3, 4]
+    assert pick_seeds(parse_args(["--seed", "7"]), target) == [7]
+    assert pick_seeds(parse_args(["--seeds", "3,4"]), target) == [3, 4]
+    assert pick_seeds(parse_args([]), get_workload("quick")) == [0]
