@@ -6,12 +6,17 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.seeds import render_over_seeds
+from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
 
 # Column order of the table (whatever the order of turns was); the rlvr sides differ only in
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
-SIDES = ("rlvr", "rlvr-vllm", "trl")
-LABELS = {"rlvr": "rlvr (transformers)", "rlvr-vllm": "rlvr (vLLM)", "trl": "TRL"}
+SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
+LABELS = {
+    "rlvr": "rlvr (transformers)",
+    "rlvr-vllm": "rlvr (vLLM)",
+    "trl": "TRL",
+    "trl-whole": "TRL, whole batch",
+}
 # the phases set against their physical bound (bounds.py), with the bound each one has
 BOUND_LABELS = (
     ("generation (weights + KV cache read per decoding step / memory bandwidth)", "generate"),
@@ -108,7 +113,13 @@ def render_markdown(payload: dict) -> str:
         ),
         f"- Workload: model {payload['model']}, {w['prompts_per_step']} prompts x "
         f"{w['group_size']} samples, at most {w['max_new_tokens']} new tokens, lr {w['lr']:g} "
-        f"constant, Dr.GRPO, beta 0, one update per batch, micro-batch {w['micro_batch']}, "
+        f"constant, Dr.GRPO, beta 0, one update per batch, micro-batch {w['micro_batch']}"
+        + (
+            f" (TRL, whole batch: {w['prompts_per_step'] * w['group_size']})"
+            if "trl-whole" in sides
+            else ""
+        )
+        + ", "
         f"seed {payload['seed']}, threads: {payload['threads']}, bf16",
         f"- Steps per side: {payload['steps']} ({_warmup_text(payload)}), "
         f"alternating blocks of {payload['block']}; same prompts on all sides: "
@@ -195,4 +206,41 @@ def write_results(
     js, md = paths or results_paths(out_dir, payload["date"], payload["workload"]["name"])
     js.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
     md.write_text(render_markdown(payload))
+    if "per_seed" in payload:
+        w = payload["workload"]
+        png = plot_reward_vs_time(
+            payload["per_seed"], js.with_suffix(".png"), w["target_window"], w["target_reward"]
+        )
+        with open(md, "a") as f:
+            f.write(f"\n![training reward against wall time and step, every run]({png.name})\n")
     return js, md
+
+
+def rerender(js: Path) -> Path:
+    """Rewrite a results file's .md (and plot) from its .json with today's figures: the
+    over-seeds spreads are recomputed from the raw per-step data the file keeps."""
+    js = Path(js)
+    payload = json.loads(js.read_text())
+    if "per_seed" in payload:
+        payload["over_seeds"] = over_seeds(payload["per_seed"])
+    return write_results(js.parent, payload, (js, js.with_suffix(".md")))[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description="Re-render benchmark results files (.md and plot) from their .json.",
+    )
+    p.add_argument("results", nargs="+", type=Path, help="benchmarks/results/<date>-<name>.json")
+    args = p.parse_args(argv)
+    for js in args.results:
+        if not js.is_file() or js.suffix != ".json":
+            p.error(f"{js}: not a results .json file")
+        print(f"[report] wrote {rerender(js)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

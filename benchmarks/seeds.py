@@ -44,21 +44,67 @@ def spread(values: Sequence[float | None]) -> dict:
     return out
 
 
-def over_seeds(per_seed: dict[str, dict[str, dict]]) -> dict[str, dict]:
+PAIRED = (
+    ("steps_to_target", "time_to_target_step"),
+    ("seconds_to_target", "time_to_target_s"),
+    ("step_time_median_s", "step_time_median_s"),
+)
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
+
+
+def _mean_reward(records: list[dict]) -> float | None:
+    return sum(float(r["reward_mean"]) for r in records) / len(records) if records else None
+
+
+def _mean_completion_len(records: list[dict]) -> float | None:
+    """Tokens per completion over the records (None when they do not say)."""
+    if not records or any("completion_tokens" not in r for r in records):
+        return None
+    return sum(int(r["completion_tokens"]) for r in records) / sum(
+        int(r["sequences"]) for r in records
+    )
+
+
+def over_seeds(per_seed: dict[str, dict[str, dict]], peer: str = "trl") -> dict[str, dict]:
     """``{side: spreads}`` from ``{seed: {side: side_result}}`` (``side_result`` as step.py
-    builds it: a ``summary`` dict)."""
+    builds it: a ``summary`` dict). Every other side also gets ``vs_peer``: the spreads of its
+    per-seed ratios to ``peer``'s run with the same seed (same prompts, so the pairing removes
+    the seed's luck from the comparison; a seed where either side missed the target gives no
+    ratio)."""
     sides: list[str] = []
     for runs in per_seed.values():
         sides += [s for s in runs if s not in sides]
+    # a target run stops each side when it gets there: the steps every run made are the ones
+    # that compare the sides' learning at equal sample counts
+    common = min(len(res["steps"]) for runs in per_seed.values() for res in runs.values())
     out = {}
     for side in sides:
         summaries = [runs[side]["summary"] for runs in per_seed.values() if side in runs]
+        first = [runs[side]["steps"][:common] for runs in per_seed.values() if side in runs]
         out[side] = {
             "runs": len(summaries),
+            "common_steps": common,
+            "reward_first_steps": spread([_mean_reward(r) for r in first]),
+            "completion_len_first_steps": spread([_mean_completion_len(r) for r in first]),
             "steps_to_target": spread([s.get("time_to_target_step") for s in summaries]),
             "seconds_to_target": spread([s.get("time_to_target_s") for s in summaries]),
             "step_time_median_s": spread([s["step_time_median_s"] for s in summaries]),
         }
+        if side == peer:
+            continue
+        pairs = [
+            (runs[side]["summary"], runs[peer]["summary"])
+            for runs in per_seed.values()
+            if side in runs and peer in runs
+        ]
+        if pairs:
+            out[side]["vs_peer"] = {
+                key: spread([_ratio(a.get(field), b.get(field)) for a, b in pairs])
+                for key, field in PAIRED
+            }
     return out
 
 
@@ -80,12 +126,26 @@ def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str
         "| figure | " + " | ".join(labels.get(s, s) for s in sides) + " |",
         "|---|" + "---|" * len(sides),
     ]
-    for name, key, fmt in (
+    figures = (
         ("steps to target", "steps_to_target", "{:.0f}"),
         ("seconds to target", "seconds_to_target", "{:.0f}"),
         ("step time, median (s)", "step_time_median_s", "{:.2f}"),
-    ):
+    )
+    n = over[sides[0]].get("common_steps")
+    if n:  # files from before these figures existed lack them
+        figures += (
+            (f"training reward, mean of steps 1-{n}", "reward_first_steps", "{:.3f}"),
+            (f"completion length, mean of steps 1-{n}", "completion_len_first_steps", "{:.1f}"),
+        )
+    for name, key, fmt in figures:
         lines.append(f"| {name} | " + " | ".join(_cell(over[s][key], fmt) for s in sides) + " |")
+    if any("vs_peer" in over[s] for s in sides):
+        for name, key, _ in figures[:3]:
+            cells = [
+                _cell(over[s]["vs_peer"][key], "{:.2f}") if "vs_peer" in over[s] else ""
+                for s in sides
+            ]
+            lines.append(f"| {name}, ratio to TRL's same-seed run | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -93,13 +153,14 @@ def plot_reward_vs_time(
     per_seed: dict[str, dict[str, dict]], path: Path, window: int, target: float | None
 ) -> Path:
     """One line per run (colour per side, one line per seed): the ``window``-step rolling mean
-    training reward against the wall time of the steps so far."""
+    training reward against the wall time of the steps so far (left) and against the step
+    (right: sample efficiency, which equal settings must make equal on every side)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax, ax_step) = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     colours: dict[str, str] = {}
     for seed, runs in per_seed.items():
         for side, res in runs.items():
@@ -116,12 +177,17 @@ def plot_reward_vs_time(
             (line,) = ax.plot(*zip(*pts, strict=True), color=colours.get(side), label=label, lw=1)
             colours.setdefault(side, line.get_color())
             ax.annotate(f"s{seed}", pts[-1], fontsize=7, color=colours[side])
-    if target is not None:
-        ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target}")
+            by_step = [(i + 1, y) for i, y in enumerate(rolled) if y is not None]
+            ax_step.plot(*zip(*by_step, strict=True), color=colours[side], lw=1)
+            ax_step.annotate(f"s{seed}", by_step[-1], fontsize=7, color=colours[side])
+    for a in (ax, ax_step):
+        if target is not None:
+            a.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target}")
+        a.grid(alpha=0.3)
     ax.set_xlabel("wall time of the steps (s)")
+    ax_step.set_xlabel("step")
     ax.set_ylabel(f"training reward, {window}-step mean")
     ax.legend(loc="lower right")
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -27,7 +27,7 @@ from benchmarks.bounds import bound_summary
 from benchmarks.machine import load_average, machine_info, matmul_peak_flops, memory_bandwidth
 from benchmarks.report import render_markdown, write_results
 from benchmarks.runner import REPO, Worker, alternate, worker_env
-from benchmarks.seeds import over_seeds, parse_seeds, plot_reward_vs_time
+from benchmarks.seeds import over_seeds, parse_seeds
 from benchmarks.stats import side_ratios, summarize_side, time_to_target
 from benchmarks.trl_env import ensure_trl_env
 from benchmarks.vllm_env import DEFAULT_VENV as DEFAULT_VLLM_VENV
@@ -40,10 +40,14 @@ from benchmarks.workloads import (
     step_schedule,
 )
 
-KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl")
+KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
 DEFAULT_SIDES = "rlvr,rlvr-vllm,trl"
 # the rollout engine of each rlvr side (the TRL side generates with transformers inside TRL)
 RLVR_ENGINES = {"rlvr": "hf", "rlvr-vllm": "vllm"}
+# TRL's two settings: "trl" trains on micro-batches with gradient accumulation (its memory-lean
+# setting, the peer every ratio is taken against); "trl-whole" trains on the whole rollout batch
+# in one pass (its fast setting, more activation memory). Opt-in: --sides rlvr,trl,trl-whole.
+TRL_SIDES = ("trl", "trl-whole")
 
 
 def parse_sides(text: str) -> list[str]:
@@ -158,7 +162,7 @@ def worker_command(
         # rlvr is installed (editable) in both .venv and .venv-vllm; only benchmarks/ is added
         argv = [str(python), "-m", "benchmarks.worker_rlvr", str(spec_path)]
         return argv, worker_env(threads, [REPO])
-    if side == "trl":
+    if side in TRL_SIDES:
         argv = [str(python), "-m", "benchmarks.worker_trl", str(spec_path)]
         return argv, worker_env(threads, [REPO, REPO / "src"])
     raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")
@@ -196,7 +200,7 @@ def run_seed(
                 "prompts_per_step": w.prompts_per_step,
                 "group_size": w.group_size,
                 "max_new_tokens": w.max_new_tokens,
-                "micro_batch": w.micro_batch,
+                "micro_batch": w.sequences if side == "trl-whole" else w.micro_batch,
                 "lr": w.lr,
                 "steps": steps,
                 "seed": seed,
@@ -307,12 +311,6 @@ def write_seed_results(
     # the first seed picks fresh file names; later seeds rewrite those same files
     js, md = write_results(args.out, payload, fixed.get("paths"))
     fixed["paths"] = (js, md)
-    if len(seeds) > 1:
-        png = plot_reward_vs_time(
-            per_seed, js.with_suffix(".png"), w.target_window, w.target_reward
-        )
-        with open(md, "a") as f:
-            f.write(f"\n![training reward against wall time, every run]({png.name})\n")
     return payload, js, md
 
 
@@ -339,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     # the venvs first: a missing one fails (or gets installed) before anything is measured
     pythons = {"rlvr": Path(sys.executable)}
     try:
-        if "trl" in args.sides:
-            pythons["trl"] = ensure_trl_env(args.trl_venv, install=not args.no_install)
+        for side in (s for s in TRL_SIDES if s in args.sides):
+            pythons[side] = ensure_trl_env(args.trl_venv, install=not args.no_install)
         if "rlvr-vllm" in args.sides:
             pythons["rlvr-vllm"] = ensure_vllm_env(args.vllm_venv, install=not args.no_install)
     except (RuntimeError, subprocess.CalledProcessError) as exc:

@@ -139,7 +139,7 @@ def build_trainer(spec: dict, gate: Gate):
 
             startup = time.time() - psutil.Process().create_time()
             ok = gate.start(
-                side="trl",
+                side=spec.get("side", "trl"),
                 startup_s=startup,
                 threads=torch.get_num_threads(),
                 versions={
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     trainer = build_trainer(spec, gate)
     trainer.train()
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    gate.emit("done", side="trl", maxrss_self_mb=self_kb / 1024)
+    gate.emit("done", side=spec.get("side", "trl"), maxrss_self_mb=self_kb / 1024)
     return 0
 
 

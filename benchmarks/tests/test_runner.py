@@ -157,12 +157,14 @@ def test_quick_benchmark_both_sides(tmp_path):
     """The whole runner with TRL (creates benchmarks/.venv-trl on first use: minutes)."""
     from benchmarks.step import main
 
-    argv = ["--workload", "quick", "--steps", "3", "--warmup", "1", "--sides", "rlvr,trl"]
+    argv = ["--workload", "quick", "--steps", "3", "--warmup", "1"]
+    argv += ["--sides", "rlvr,trl,trl-whole"]
     assert main([*argv, "--out", str(tmp_path)]) == 0
     (js,) = tmp_path.glob("*-quick.json")
     payload = json.loads(js.read_text())
     assert payload["prompts_match"] is True
-    for side in ("rlvr", "trl"):
+    assert "(TRL, whole batch: 8)" in js.with_suffix(".md").read_text()
+    for side in ("rlvr", "trl", "trl-whole"):
         res = payload["sides"][side]
         assert len(res["steps"]) == 3 and res["summary"]["measured_steps"] == 2
         assert res["ready"]["total_params"] == payload["sides"]["rlvr"]["ready"]["total_params"]

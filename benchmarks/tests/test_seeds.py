@@ -45,6 +45,24 @@ def test_over_seeds_by_hand_and_the_table():
     lines = render_over_seeds(over, {"rlvr": "rlvr (transformers)", "trl": "TRL"})
     row = next(x for x in lines if x.startswith("| steps to target"))
     assert row == "| steps to target | 22 [20-24] | 22 [18-26], 1 not reached |"
+    # paired with TRL's run of the same seed: 300/800, (TRL missed seed 1), 330/540
+    vs = r["vs_peer"]
+    assert vs["seconds_to_target"]["values"] == pytest.approx([0.375, None, 330 / 540])
+    assert vs["seconds_to_target"]["median"] == pytest.approx((0.375 + 330 / 540) / 2)
+    assert vs["steps_to_target"]["missing"] == 1
+    # step times 15/30, 15.5/31, 14/29: median 0.5
+    assert vs["step_time_median_s"]["median"] == pytest.approx(0.5)
+    assert "vs_peer" not in t
+    # every run made one step: reward over the common step is the step's own, per seed
+    assert r["common_steps"] == 1
+    assert r["reward_first_steps"]["values"] == pytest.approx([0.1, 0.2, 0.3])
+    assert r["completion_len_first_steps"]["values"] == [None, None, None]  # not recorded
+    lines = render_over_seeds(over, {"rlvr": "rlvr (transformers)", "trl": "TRL"})
+    row = next(x for x in lines if x.startswith("| seconds to target, ratio"))
+    assert (
+        row
+        == "| seconds to target, ratio to TRL's same-seed run | 0.49 [0.38-0.61], 1 not reached |  |"
+    )
 
 
 def test_plot_is_a_real_png(tmp_path):
@@ -74,6 +92,14 @@ def test_two_seeds_end_to_end(tmp_path, capsys):
     assert js.with_suffix(".png").stat().st_size > 0
     md = js.with_suffix(".md").read_text()
     assert "Over seeds (rlvr (transformers): 2 runs)" in md and js.with_suffix(".png").name in md
+    # the .md and plot are rebuilt from the .json alone (the raw per-step data it keeps)
+    from benchmarks.report import main as report_main
+
+    js.with_suffix(".md").unlink()
+    js.with_suffix(".png").unlink()
+    assert report_main([str(js)]) == 0
+    assert js.with_suffix(".md").read_text() == md
+    assert js.with_suffix(".png").stat().st_size > 0
 
 
 def test_a_run_cut_short_keeps_the_seeds_it_finished(tmp_path, monkeypatch):
@@ -110,3 +136,29 @@ def test_the_target_workload_runs_five_seeds_unless_told_otherwise():
     assert pick_seeds(parse_args(["--seed", "7"]), target) == [7]
     assert pick_seeds(parse_args(["--seeds", "3,4"]), target) == [3, 4]
     assert pick_seeds(parse_args([]), get_workload("quick")) == [0]
+
+
+def test_learning_is_compared_over_the_steps_every_run_made():
+    def run(rewards, tokens=None):
+        steps = [{"wall_s": 1.0, "reward_mean": r, "sequences": 4} for r in rewards]
+        for rec, n in zip(steps, tokens or [], strict=False):
+            rec["completion_tokens"] = n
+        return {"summary": {"step_time_median_s": 1.0}, "steps": steps}
+
+    per_seed = {
+        "0": {"rlvr": run([0.2, 0.4, 0.9], [40, 20, 10]), "trl": run([0.0, 0.2], [80, 40])},
+        "1": {"rlvr": run([0.5, 0.5], [8, 8]), "trl": run([0.1, 0.3, 0.5], [16, 16, 16])},
+    }
+    over = over_seeds(per_seed)
+    assert over["rlvr"]["common_steps"] == over["trl"]["common_steps"] == 2
+    # seed 0 rlvr: (0.2 + 0.4) / 2, its third step left out; seed 1: 0.5
+    assert over["rlvr"]["reward_first_steps"]["values"] == pytest.approx([0.3, 0.5])
+    assert over["trl"]["reward_first_steps"]["values"] == pytest.approx([0.1, 0.2])
+    # (40 + 20) tokens over 8 completions; (16 + 16) over 8
+    assert over["rlvr"]["completion_len_first_steps"]["values"] == pytest.approx([7.5, 2.0])
+    assert over["trl"]["completion_len_first_steps"]["values"] == pytest.approx([15.0, 4.0])
+    lines = render_over_seeds(over, {"rlvr": "rlvr", "trl": "TRL"})
+    assert (
+        "| training reward, mean of steps 1-2 | 0.400 [0.300-0.500] | 0.150 [0.100-0.200] |"
+        in lines
+    )

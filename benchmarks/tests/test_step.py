@@ -21,7 +21,9 @@ from benchmarks.workloads import prompt_digest
 
 
 def test_default_is_all_three_sides():
-    assert parse_args([]).sides == ["rlvr", "rlvr-vllm", "trl"] == list(KNOWN_SIDES)
+    assert parse_args([]).sides == ["rlvr", "rlvr-vllm", "trl"]
+    assert parse_args(["--sides", "trl-whole,rlvr"]).sides == ["trl-whole", "rlvr"]
+    assert set(parse_args([]).sides) < set(KNOWN_SIDES)
     assert DEFAULT_SIDES == "rlvr,rlvr-vllm,trl"
 
 
@@ -63,6 +65,10 @@ def test_worker_commands(tmp_path):
     argv, env = worker_command("trl", Path("/t/python"), spec, threads=1)
     assert argv[1:3] == ["-m", "benchmarks.worker_trl"]
     assert env["PYTHONPATH"].endswith("src")  # rlvr's grader comes from src/ in TRL's venv
+    assert worker_command("trl-whole", Path("/t/python"), spec, threads=1)[0] == argv[:2] + [
+        "benchmarks.worker_trl",
+        str(spec),
+    ]
     with pytest.raises(ValueError, match="unknown side"):
         worker_command("vllm", vpy, spec, threads=1)
 
