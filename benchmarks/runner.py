@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks.machine import PeakRss
 from benchmarks.protocol import parse_event
-from benchmarks.stats import reached_target
+from benchmarks.stats import time_to_target
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -177,7 +177,12 @@ def alternate(
                 f"[bench] {side}: step {len(w.steps)}/{steps}, last step {last.get('wall_s', 0):.1f} s, "
                 f"reward {last.get('reward_mean', 0):.2f}"
             )
-            if reached_target(w.steps, target, window):
-                log(f"[bench] {side} reached the target reward at step {len(w.steps)}")
+            hit = time_to_target(w.steps, target, window) if target is not None else None
+            if hit is not None:
+                # the block runs to its end: the side stops a few steps after the hit
+                log(
+                    f"[bench] {side} reached the target reward at step {hit['step']} "
+                    f"(stopped after step {len(w.steps)}, the end of its block)"
+                )
                 w.close()
         round_index += 1

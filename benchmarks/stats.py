@@ -55,10 +55,6 @@ def time_to_target(records: Sequence[dict], threshold: float, window: int = 3) -
     return None
 
 
-def reached_target(records: Sequence[dict], threshold: float | None, window: int = 3) -> bool:
-    return threshold is not None and time_to_target(records, threshold, window) is not None
-
-
 def training_flops(
     nonembed_params: int, head_params: int, prompt_tokens: int, completion_tokens: int
 ) -> float:
