@@ -48,6 +48,7 @@ PAIRED = (
     ("steps_to_target", "time_to_target_step"),
     ("seconds_to_target", "time_to_target_s"),
     ("step_time_median_s", "step_time_median_s"),
+    ("peak_rss_mb", "peak_rss_mb"),
 )
 
 
@@ -92,6 +93,7 @@ def over_seeds(per_seed: dict[str, dict[str, dict]], peer: str = "trl") -> dict[
             "steps_to_target": spread([s.get("time_to_target_step") for s in summaries]),
             "seconds_to_target": spread([s.get("time_to_target_s") for s in summaries]),
             "step_time_median_s": spread([s["step_time_median_s"] for s in summaries]),
+            "peak_rss_mb": spread([s.get("peak_rss_mb") for s in summaries]),
         }
         if side == peer:
             continue
@@ -108,11 +110,15 @@ def over_seeds(per_seed: dict[str, dict[str, dict]], peer: str = "trl") -> dict[
     return out
 
 
-def _cell(sp: dict, fmt: str) -> str:
+def _cell(sp: dict, fmt: str, missing: str = "not reached") -> str:
+    """``median [min-max]``; ``missing`` names what a run without the value did not do."""
     if sp["median"] is None:
-        return f"not reached ({sp['missing']} of {len(sp['values'])})"
+        return f"{missing} ({sp['missing']} of {len(sp['values'])})"
     text = f"{fmt.format(sp['median'])} [{fmt.format(sp['min'])}-{fmt.format(sp['max'])}]"
-    return text + (f", {sp['missing']} not reached" if sp["missing"] else "")
+    return text + (f", {sp['missing']} {missing}" if sp["missing"] else "")
+
+
+TARGET_KEYS = ("steps_to_target", "seconds_to_target")
 
 
 def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str]:
@@ -130,7 +136,11 @@ def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str
         ("steps to target", "steps_to_target", "{:.0f}"),
         ("seconds to target", "seconds_to_target", "{:.0f}"),
         ("step time, median (s)", "step_time_median_s", "{:.2f}"),
+        ("peak RSS, children included (MB)", "peak_rss_mb", "{:.0f}"),
     )
+    # files written before a figure existed lack it: show what every side has
+    figures = tuple(f for f in figures if all(f[1] in over[s] for s in sides))
+    paired = figures
     n = over[sides[0]].get("common_steps")
     if n:  # files from before these figures existed lack them
         figures += (
@@ -138,11 +148,16 @@ def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str
             (f"completion length, mean of steps 1-{n}", "completion_len_first_steps", "{:.1f}"),
         )
     for name, key, fmt in figures:
-        lines.append(f"| {name} | " + " | ".join(_cell(over[s][key], fmt) for s in sides) + " |")
+        word = "not reached" if key in TARGET_KEYS else "not recorded"
+        cells = [_cell(over[s][key], fmt, word) for s in sides]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if any("vs_peer" in over[s] for s in sides):
-        for name, key, _ in figures[:3]:
+        for name, key, _ in paired:
+            word = "not reached" if key in TARGET_KEYS else "not recorded"
             cells = [
-                _cell(over[s]["vs_peer"][key], "{:.2f}") if "vs_peer" in over[s] else ""
+                _cell(over[s]["vs_peer"][key], "{:.2f}", word)
+                if key in over[s].get("vs_peer", {})
+                else ""
                 for s in sides
             ]
             lines.append(f"| {name}, ratio to TRL's same-seed run | " + " | ".join(cells) + " |")

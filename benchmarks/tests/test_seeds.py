@@ -22,6 +22,7 @@ def _run(step: int | None, seconds: float | None, median: float, rewards: list[f
         "time_to_target_step": step,
         "time_to_target_s": seconds,
         "step_time_median_s": median,
+        "peak_rss_mb": 100.0 * median,
     }
     return {"summary": summary, "steps": [{"wall_s": 2.0, "reward_mean": r} for r in rewards]}
 
@@ -53,6 +54,10 @@ def test_over_seeds_by_hand_and_the_table():
     # step times 15/30, 15.5/31, 14/29: median 0.5
     assert vs["step_time_median_s"]["median"] == pytest.approx(0.5)
     assert "vs_peer" not in t
+    # peak RSS 1500, 1550, 1400 against TRL's 3000, 3100, 2900 (TRL missing the target does not
+    # drop a seed from a figure that has nothing to do with the target)
+    assert vs["peak_rss_mb"]["median"] == pytest.approx(0.5) and vs["peak_rss_mb"]["missing"] == 0
+    assert r["peak_rss_mb"]["median"] == 1500
     # every run made one step: reward over the common step is the step's own, per seed
     assert r["common_steps"] == 1
     assert r["reward_first_steps"]["values"] == pytest.approx([0.1, 0.2, 0.3])
