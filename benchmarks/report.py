@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
+from benchmarks.stats import safe_ratio
 
 # Column order of the table (whatever the order of turns was); the rlvr sides differ only in
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
@@ -47,9 +48,8 @@ def table_header(present) -> list[str]:
 
 
 def _ratio_cell(num, den) -> str:
-    if isinstance(num, int | float) and isinstance(den, int | float) and den:
-        return f"{num / den:.2f}"
-    return "n/a"
+    r = safe_ratio(num, den)
+    return "n/a" if r is None else f"{r:.2f}"
 
 
 def _row(name: str, sides: dict, get: Callable[[dict], object], fmt: str, ratio: bool) -> str:

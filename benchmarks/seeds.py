@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.stats import quartiles, rolling_mean
+from benchmarks.stats import quartiles, rolling_mean, safe_ratio
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -50,10 +50,6 @@ PAIRED = (
     ("step_time_median_s", "step_time_median_s"),
     ("peak_rss_mb", "peak_rss_mb"),
 )
-
-
-def _ratio(a, b) -> float | None:
-    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
 
 
 def _mean_reward(records: list[dict]) -> float | None:
@@ -104,21 +100,22 @@ def over_seeds(per_seed: dict[str, dict[str, dict]], peer: str = "trl") -> dict[
         ]
         if pairs:
             out[side]["vs_peer"] = {
-                key: spread([_ratio(a.get(field), b.get(field)) for a, b in pairs])
+                key: spread([safe_ratio(a.get(field), b.get(field)) for a, b in pairs])
                 for key, field in PAIRED
             }
     return out
 
 
-def _cell(sp: dict, fmt: str, missing: str = "not reached") -> str:
-    """``median [min-max]``; ``missing`` names what a run without the value did not do."""
+TARGET_KEYS = ("steps_to_target", "seconds_to_target")
+
+
+def _cell(sp: dict, fmt: str, key: str) -> str:
+    """``median [min-max]`` of the figure ``key``, saying how many runs lack it and why."""
+    missing = "not reached" if key in TARGET_KEYS else "not recorded"
     if sp["median"] is None:
         return f"{missing} ({sp['missing']} of {len(sp['values'])})"
     text = f"{fmt.format(sp['median'])} [{fmt.format(sp['min'])}-{fmt.format(sp['max'])}]"
     return text + (f", {sp['missing']} {missing}" if sp["missing"] else "")
-
-
-TARGET_KEYS = ("steps_to_target", "seconds_to_target")
 
 
 def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str]:
@@ -132,30 +129,27 @@ def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str
         "| figure | " + " | ".join(labels.get(s, s) for s in sides) + " |",
         "|---|" + "---|" * len(sides),
     ]
+    n = over[sides[0]].get("common_steps")
     figures = (
         ("steps to target", "steps_to_target", "{:.0f}"),
         ("seconds to target", "seconds_to_target", "{:.0f}"),
         ("step time, median (s)", "step_time_median_s", "{:.2f}"),
         ("peak RSS, children included (MB)", "peak_rss_mb", "{:.0f}"),
     )
+    figures += (
+        (f"training reward, mean of steps 1-{n}", "reward_first_steps", "{:.3f}"),
+        (f"completion length, mean of steps 1-{n}", "completion_len_first_steps", "{:.1f}"),
+    )
     # files written before a figure existed lack it: show what every side has
     figures = tuple(f for f in figures if all(f[1] in over[s] for s in sides))
-    paired = figures
-    n = over[sides[0]].get("common_steps")
-    if n:  # files from before these figures existed lack them
-        figures += (
-            (f"training reward, mean of steps 1-{n}", "reward_first_steps", "{:.3f}"),
-            (f"completion length, mean of steps 1-{n}", "completion_len_first_steps", "{:.1f}"),
-        )
     for name, key, fmt in figures:
-        word = "not reached" if key in TARGET_KEYS else "not recorded"
-        cells = [_cell(over[s][key], fmt, word) for s in sides]
+        cells = [_cell(over[s][key], fmt, key) for s in sides]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if any("vs_peer" in over[s] for s in sides):
-        for name, key, _ in paired:
-            word = "not reached" if key in TARGET_KEYS else "not recorded"
+        paired = {key for key, _ in PAIRED}  # the figures vs_peer holds
+        for name, key, _ in (f for f in figures if f[1] in paired):
             cells = [
-                _cell(over[s]["vs_peer"][key], "{:.2f}", word)
+                _cell(over[s]["vs_peer"][key], "{:.2f}", key)
                 if key in over[s].get("vs_peer", {})
                 else ""
                 for s in sides

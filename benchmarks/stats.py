@@ -79,8 +79,10 @@ def training_flops(
     )
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
+def safe_ratio(num, den) -> float | None:
+    """num / den, or None when either is missing (None) or den is not positive."""
+    ok = isinstance(num, int | float) and isinstance(den, int | float) and den > 0
+    return num / den if ok else None
 
 
 def summarize_side(
@@ -125,9 +127,9 @@ def summarize_side(
         "completion_tokens_per_step": comp / len(measured),
         "completion_len_mean": comp / sum(int(r["sequences"]) for r in measured),
         "reward_mean": sum(float(r["reward_mean"]) for r in measured) / len(measured),
-        "e2e_tokens_per_s": _ratio(comp, sum(walls)),
-        "gen_tokens_per_s": _ratio(comp, phase_totals.get("generate", 0.0)),
-        "trained_tokens_per_s": _ratio(comp, phase_totals.get("update", 0.0)),
+        "e2e_tokens_per_s": safe_ratio(comp, sum(walls)),
+        "gen_tokens_per_s": safe_ratio(comp, phase_totals.get("generate", 0.0)),
+        "trained_tokens_per_s": safe_ratio(comp, phase_totals.get("update", 0.0)),
     }
     flops = sum(
         training_flops(
@@ -138,7 +140,7 @@ def summarize_side(
         )
         for r in measured
     )
-    achieved = _ratio(flops, phase_totals.get("update", 0.0))
+    achieved = safe_ratio(flops, phase_totals.get("update", 0.0))
     out["train_flops_per_s"] = achieved
     out["train_peak_fraction"] = (
         achieved / peak_flops if achieved is not None and peak_flops else None
@@ -159,6 +161,5 @@ def side_ratios(ours: dict, peer: dict) -> dict:
     )
     out = {}
     for k in keys:
-        a, b = ours.get(k), peer.get(k)
-        out[k] = a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
+        out[k] = safe_ratio(ours.get(k), peer.get(k))
     return out

@@ -260,9 +260,11 @@ def write_seed_results(
     seeds: list[int],
     per_seed: dict[str, dict],
     agree: list[bool],
-) -> tuple[dict, Path, Path]:
+    paths: tuple[Path, Path] | None,
+) -> tuple[dict, tuple[Path, Path]]:
     """Write the results of the seeds run so far (called after every seed, so a run cut short
-    keeps what it finished); returns the payload and the .json and .md paths."""
+    keeps what it finished) to ``paths``, or to fresh file names the first time; returns the
+    payload and the .json and .md paths."""
     load_start, load_end = fixed["load_average_start"], load_average()
     sides = per_seed[str(seeds[0])]
     notes = [
@@ -292,7 +294,7 @@ def write_seed_results(
                         f"{len(res['steps'])} steps (capped run)."
                     )
     payload = {
-        **{k: v for k, v in fixed.items() if k != "paths"},
+        **fixed,
         "date": time.strftime("%Y-%m-%d"),
         "time": time.strftime("%H:%M:%S"),
         "load_average_end": list(load_end),
@@ -308,10 +310,7 @@ def write_seed_results(
             per_seed=per_seed,
             over_seeds=over_seeds(per_seed),
         )
-    # the first seed picks fresh file names; later seeds rewrite those same files
-    js, md = write_results(args.out, payload, fixed.get("paths"))
-    fixed["paths"] = (js, md)
-    return payload, js, md
+    return payload, write_results(args.out, payload, paths)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = {"peak_flops": peaks["bfloat16"] * 1e9, "bandwidth": bandwidth}
     per_seed: dict[str, dict] = {}
     agree: list[bool] = []
+    paths = None  # the first seed picks fresh file names; later seeds rewrite those files
     # the payload fields that do not change from seed to seed
     fixed = {
         "command": "python -m benchmarks.step " + shlex.join(argv),
@@ -393,9 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             args, w, steps, block, warmup, pythons, seed_work, model_dir, tokenizer, seed, hw
         )
         agree.append(same)
-        payload, js, md = write_seed_results(args, w, fixed, seeds, per_seed, agree)
+        payload, paths = write_seed_results(args, w, fixed, seeds, per_seed, agree, paths)
     print(render_markdown(payload))
-    print(f"[bench] wrote {js} and {md}", flush=True)
+    print(f"[bench] wrote {paths[0]} and {paths[1]}", flush=True)
     return 0
 
 
