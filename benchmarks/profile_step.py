@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     trainer = Trainer(load_config(None, config_overrides(spec)), run_dir=work / "run")
     steps = [trainer.train_step()]  # warm-up: first-call allocations and lazy imports
-    trainer.step += 1
+    trainer.state.step += 1  # what the run loop does after each step
 
     prof = cProfile.Profile()
     prof.enable()
     steps.append(trainer.train_step())
     prof.disable()
-    trainer.step += 1
+    trainer.state.step += 1  # what the run loop does after each step
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(args.top)
     buf.write("\n\n---- by own time ----\n")
