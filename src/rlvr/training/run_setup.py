@@ -24,6 +24,7 @@ from rlvr.training.distributed import (
     wrap_module,
 )
 from rlvr.training.freeze import default_freeze, freeze_prefixes, parameter_counts
+from rlvr.training.grouped_attention import GROUPED_EAGER
 from rlvr.training.memory_plan import memory_preflight
 from rlvr.training.policy import (
     bf16_supported,
@@ -74,11 +75,15 @@ class RunContext:
 
 
 def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
-    """The attention kernel training used (same arithmetic, so the same greedy replies)."""
+    """The attention kernel training used (same arithmetic, so the same greedy replies).
+
+    Eager on a text model runs as ``GROUPED_EAGER``: eager's arithmetic without copying the
+    key/value heads each query head shares (a vision tower's attention keeps transformers' own)."""
     kind = torch.device(device).type
-    model.set_attn_implementation(
-        choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
-    )
+    chosen = choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
+    if chosen == "eager" and not is_vlm_config(model.config):
+        chosen = GROUPED_EAGER
+    model.set_attn_implementation(chosen)
 
 
 def resolve_autocast(cfg: Config, device: torch.device) -> bool:

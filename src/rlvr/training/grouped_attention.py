@@ -1,0 +1,54 @@
+"""Eager attention without copying keys and values for grouped-query heads.
+
+transformers' eager attention repeats each key/value head for the query heads that share it
+(``repeat_kv``: a copy of the whole KV cache per layer per decoding step; SmolLM2-135M has 9
+query heads over 3 key/value heads). Here the query heads of a group are stacked instead, so one
+matmul against the un-repeated keys gives every head's scores: the same products, mask, float32
+softmax and weighted sum as eager, with no copy. Measured on the default model, 32 replies of 48
+tokens: the repeats were about a quarter of the decoding time.
+
+Registered with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` under
+``GROUPED_EAGER`` (the public way to add a kernel), so ``model.set_attn_implementation(GROUPED_EAGER)`` selects it for training and
+generation alike: the sampler and the trainer keep computing the same arithmetic.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+GROUPED_EAGER = "rlvr_grouped_eager"
+
+
+def grouped_eager_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``query`` [B, H, q, D], ``key``/``value`` [B, Hkv, T, D] (query head ``h`` reads key
+    head ``h // (H / Hkv)``, as ``repeat_kv`` lays them out); returns ``[B, q, H, D]`` and the
+    attention weights ``[B, H, q, T]``, as transformers' eager attention does."""
+    b, h, q, d = query.shape
+    hkv, t = key.shape[1], key.shape[2]
+    group = h // hkv
+    # [B, Hkv, group * q, D]: each key head's query heads one after the other
+    stacked = query.reshape(b, hkv, group * q, d)
+    scores = torch.matmul(stacked, key.transpose(2, 3)).view(b, h, q, t) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights.view(b, hkv, group * q, t), value).view(b, h, q, d)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+AttentionInterface.register(GROUPED_EAGER, grouped_eager_attention)
+# the additive float mask eager attention takes (an unknown name would get SDPA's boolean one)
+AttentionMaskInterface.register(GROUPED_EAGER, eager_mask)
