@@ -184,7 +184,8 @@ def test_spec_for_reads_the_run_config():
     assert (s.precision, s.lora_rank, s.lora_targets) == ("fp32", 2, ATTN)
     # transformers cache: 5 rows x 6 positions x (2 layers x K,V x 1 head x 4 x 4 bytes)
     assert s.kv_cache_bytes == 5 * 6 * 64
-    assert s.gen_logits_bytes == 5 * 2 * 32 * 4  # [rows, vocab] fp32 per generated token
+    # one decoding step's [rows, vocab] fp32 logits, in DECODE_LOGIT_COPIES copies
+    assert s.gen_logits_bytes == 5 * 4 * 32 * 4
     assert s.phases_add  # the CPU
     assert s.baseline_bytes == mp.CPU_BASELINE_BYTES and not s.reference
 

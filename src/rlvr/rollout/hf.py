@@ -1,10 +1,11 @@
-"""Rollouts with transformers ``generate``: always available, shares the trainer's module.
+"""Rollouts with the trainer's own transformers module: always available, nothing to sync.
 
 Because this engine generates with the very module being trained, there is nothing to
 synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
-Image prompts (a vision-language model) carry their pixel inputs per prompt (``vision``); each
-chunk feeds its own prompts' images, concatenated in row order, with left padding like text.
-"""
+Text prompts go through our decoding loop (``rollout/decode.py``: faster sampling, finished rows
+leave the batch). Image prompts (a vision-language model) go through transformers' ``generate``
+and carry their pixel inputs per prompt (``vision``); each chunk feeds its own prompts' images,
+concatenated in row order, with left padding like text."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from rlvr.data.multimodal import PromptVision, collate_vision, vision_token_ids
 from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.decode import decode
 
 
 class HFEngine:
@@ -117,6 +119,54 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        if not vision:
+            return self._decode_text(ids.to(device), mask.to(device), params)
+        return self._generate_images(ids, mask, params, vision)
+
+    def _decode_text(
+        self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams
+    ) -> list[Completion]:
+        """Text prompts: our own loop (``rollout/decode.py``), where finished rows leave."""
+        tok = self.tokenizer
+        stop = tuple(params.stop)
+        with self._autocast():
+            replies = decode(
+                self.model,
+                ids,
+                mask,
+                params,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                ends_with_stop=(lambda row: self._ends_with_stop(row, len(row) - 1, stop))
+                if stop
+                else None,
+                suppress=self.suppress,
+                synced=self.synced,
+            )
+        return [
+            Completion(
+                prompt_index=-1,
+                token_ids=r.token_ids,
+                logprobs=r.logprobs,
+                text=tok.decode(r.token_ids, skip_special_tokens=True),
+                finish_reason=r.finish_reason,
+            )
+            for r in replies
+        ]
+
+    def _generate_images(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        params: SamplingParams,
+        vision: list[PromptVision],
+    ) -> list[Completion]:
+        """Image prompts: transformers' ``generate``, which lets the model derive its own
+        multimodal positions (rows cannot leave the batch early here)."""
+        tok = self.tokenizer
+        pad = tok.pad_token_id
+        device = next(self.model.parameters()).device
+        width = ids.shape[1]
         greedy = params.temperature <= 0
         kwargs = dict(
             max_new_tokens=params.max_new_tokens,

@@ -28,6 +28,9 @@ ACT_COEF: dict[tuple[str, bool], tuple[int, int, int]] = {
     ("bf16", False): (24, 8, 6),
     ("bf16", True): (18, 6, 6),
 }
+# Float32 [rows, vocab] tensors decoding holds at once (rollout/decode.py: the step's logits,
+# their temperature-scaled copy, the softmax and its padded blocks for sampling).
+DECODE_LOGIT_COPIES = 4
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -104,7 +107,7 @@ class PlanSpec:
     engine: str = "hf"  # "hf" (transformers generate) | "vllm"
     engine_weight_bytes: int = 4
     kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the generate() cache
-    gen_logits_bytes: int = 0  # hf: generate(output_logits=True) keeps [rows, V] fp32 per token
+    gen_logits_bytes: int = 0  # hf: the [rows, V] fp32 logits decoding holds at once
     engine_total_bytes: int = 0  # vLLM on a GPU: its whole claim (gpu_memory_utilization x total)
     engine_sleeps: bool = False  # vLLM sleeps during the update (GPU)
     baseline_bytes: int = 0  # the process itself (CPU); 0 on a GPU
@@ -281,6 +284,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     from rlvr.rollout import vllm_setup as vs
     from rlvr.training.policy import choose_attention
     from rlvr.training.run_setup import engine_for, resolve_autocast
+    from rlvr.training.vlm import is_vlm_config
 
     m, a, r = cfg.model, cfg.algo, cfg.rollout
     shape = shape_from_config(model_config)
@@ -300,7 +304,10 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
             model_config, torch.float32 if wb == 4 else torch.bfloat16
         )
         kv = r.batch_size * max_len * per_token
-        gen_logits = r.batch_size * (max_len - prompt) * shape.vocab * 4
+        # text: rollout/decode.py holds one step's [rows, V] logits (a few float32 copies);
+        # image prompts go through generate(output_logits=True), which keeps every step's
+        steps = max_len - prompt if is_vlm_config(model_config) else DECODE_LOGIT_COPIES
+        gen_logits = r.batch_size * steps * shape.vocab * 4
     elif device == "cpu":
         kv = vs.cpu_kv_cache_bytes(
             model_config,

@@ -1,0 +1,235 @@
+"""The hf engine's own decoding loop (rollout/decode.py): its sampler draws from the right
+distribution, its greedy replies are transformers' ``generate``'s, rows that finish leave the
+batch, and the log-probs it records are the ones the trainer recomputes afterwards (positions and
+masks stay right after rows leave). Float32 throughout, on a tiny model trained to say "xyz"."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+from vllm_support import base_model, max_abs_diff, trained_copy, trainer_logprobs
+
+from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.decode import decode, sample_next, truncate_scores
+from rlvr.rollout.hf import HFEngine
+from rlvr.training.tiny import build_char_tokenizer
+
+PROBS = [0.5, 0.25, 0.125, 0.0, 0.125]
+PROMPTS = ["x", "xyz", "a b c d", "xyzxyzxy", "q", "hello world", "xy", "zzzzzzzzzzzz"]
+
+
+def _scores(probs: list[float]) -> torch.Tensor:
+    return torch.tensor(probs).log().unsqueeze(0)  # log(0) = -inf: never sampled
+
+
+def _probs(probs: list[float], rows: int) -> torch.Tensor:
+    return torch.tensor(probs).unsqueeze(0).expand(rows, -1)
+
+
+@pytest.mark.parametrize("block", [2, 3, 256])
+def test_sample_next_inverts_the_cumulative_distribution(block):
+    """Token i is drawn for uniforms in [cdf[i-1], cdf[i]): worked out by hand for 0.5, 0.25,
+    0.125, 0 and 0.125 (the zero-probability token's interval is empty). Blocks of 2 and 3
+    split the row so the block step and the step inside the block both matter."""
+    u = torch.tensor([0.0, 0.49, 0.5, 0.74, 0.75, 0.874, 0.875, 0.9999])
+    got = sample_next(_probs(PROBS, len(u)), u, block=block)
+    assert got.tolist() == [0, 0, 1, 1, 2, 2, 4, 4]
+
+
+def test_sample_next_frequencies_match_the_probabilities():
+    torch.manual_seed(0)
+    n = 200_000
+    draws = sample_next(_probs(PROBS, n), torch.rand(n), block=2)
+    freq = torch.bincount(draws, minlength=len(PROBS)).double() / n
+    # one standard deviation of a frequency is at most sqrt(0.25 / n) = 0.0011
+    assert (freq - torch.tensor(PROBS, dtype=torch.float64)).abs().max() < 0.005
+    assert freq[3] == 0.0
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.7), (2, 1.0), (3, 0.5), (0, 0.95)])
+def test_truncation_is_transformers_top_k_then_top_p(top_k, top_p):
+    """transformers' own warpers are the reference (the order generate applies them in)."""
+    torch.manual_seed(0)
+    scores = torch.randn(6, 50) * 2
+    want = scores.clone()
+    if top_k:
+        want = TopKLogitsWarper(top_k)(None, want)
+    if top_p < 1.0:
+        want = TopPLogitsWarper(top_p)(None, want)
+    torch.testing.assert_close(truncate_scores(scores, top_k, top_p), want)
+
+
+def test_top_p_keeps_the_tokens_that_first_reach_it():
+    """0.5 + 0.25 reaches 0.7: the first two tokens stay, the rest go."""
+    kept = truncate_scores(_scores([0.5, 0.25, 0.125, 0.125]), 0, 0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    torch.manual_seed(0)
+    tok = build_char_tokenizer()
+    return trained_copy(base_model(tok), tok, steps=30), tok
+
+
+def _left_padded(ids: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(i) for i in ids)
+    x = torch.full((len(ids), width), pad)
+    mask = torch.zeros_like(x)
+    for r, i in enumerate(ids):
+        x[r, width - len(i) :] = torch.tensor(i)
+        mask[r, width - len(i) :] = 1
+    return x, mask
+
+
+def test_greedy_replies_and_logprobs_are_generates(model_tok):
+    """Same prompts, same model: our loop's greedy tokens are transformers' generate's, and its
+    log-probs are the log-softmax of generate's own logits at those tokens."""
+    model, tok = model_tok
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    x, mask = _left_padded(ids, tok.pad_token_id)
+    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=8)
+    with torch.no_grad():
+        ours = decode(
+            model, x, mask, params, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
+        ref = model.generate(
+            input_ids=x,
+            attention_mask=mask,
+            max_new_tokens=8,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    new = ref.sequences[:, x.shape[1] :]
+    logp = torch.stack([s.log_softmax(-1) for s in ref.logits], dim=1)  # [B, T, V]
+    ended = {"stop": 0, "length": 0}
+    for r, reply in enumerate(ours):
+        n = len(reply.token_ids)
+        assert reply.token_ids == new[r, :n].tolist()
+        want = logp[r, torch.arange(n), new[r, :n]]
+        torch.testing.assert_close(torch.tensor(reply.logprobs), want, atol=1e-5, rtol=0)
+        ended[reply.finish_reason] += 1
+        if reply.finish_reason == "stop":
+            assert reply.token_ids[-1] == tok.eos_token_id
+        else:
+            assert n == 8
+    assert ended["stop"] > 0 and ended["length"] > 0  # both endings occur
+
+
+class CountRows(torch.nn.Module):
+    """The model, recording how many rows each forward pass runs."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config = model.config  # the cache is sized from it
+        self.rows: list[int] = []
+
+    def forward(self, **kw):
+        self.rows.append(kw["input_ids"].shape[0])
+        return self.model(**kw)
+
+
+def test_finished_rows_leave_the_batch(model_tok):
+    """A row that hit EOS is not run again: each decoding pass runs exactly the rows still
+    writing (counted from the replies' own lengths)."""
+    model, tok = model_tok
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    x, mask = _left_padded(ids, tok.pad_token_id)
+    counting = CountRows(model)
+    with torch.no_grad():
+        replies = decode(
+            counting,
+            x,
+            mask,
+            SamplingParams(n=1, temperature=0.0, max_new_tokens=12),
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    lengths = [len(r.token_ids) for r in replies]
+    assert len(set(lengths)) > 1
+    # pass 0 is the prefill; pass t feeds token t, so it runs the rows longer than t tokens
+    want = [len(ids)] + [sum(n > t for n in lengths) for t in range(1, max(lengths))]
+    assert counting.rows == want
+
+
+@pytest.mark.parametrize("stop", [(), ("y",)], ids=["eos", "stop_string"])
+def test_sampled_logprobs_are_the_trainers(model_tok, stop):
+    """Sampled replies (temperature 0.7, rows leaving as they finish): the recorded log-prob of
+    every token equals the trainer's recomputation over prompt + reply, and one seed gives one
+    set of replies."""
+    model, tok = model_tok
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    engine = HFEngine(model, tok)
+    params = SamplingParams(n=4, temperature=0.7, max_new_tokens=10, seed=3, stop=stop)
+    groups = engine.generate(ids, params)
+    comps = [c for g in groups for c in g]
+    assert len({len(c.token_ids) for c in comps}) > 2  # rows left at different steps
+    prompts = [ids[i] for i, g in enumerate(groups) for _ in g]
+    trainer = trainer_logprobs(model, prompts, [c.token_ids for c in comps], tok.pad_token_id, 0.7)
+    assert max_abs_diff(trainer, [c.logprobs for c in comps]) < 1e-4
+    again = engine.generate(ids, params)
+    assert [c.token_ids for g in again for c in g] == [c.token_ids for c in comps]
+    if stop:
+        stopped = [c for c in comps if c.finish_reason == "stop"]
+        assert stopped and all(
+            c.text.endswith("y") or c.token_ids[-1] == tok.eos_token_id for c in stopped
+        )
+
+
+# ----------------------------------------------------------------------------- synced (FSDP)
+
+RANK_PROMPTS = [["x", "xyz"], ["a b c d", "hello world"]]  # rank 1's replies run longer
+
+
+def _rank_decode(rank: int, init: str, model, tok, params, out) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        counting = CountRows(model)
+        out[rank] = _sampled(counting, tok, RANK_PROMPTS[rank], params, synced=True)
+        out[f"passes{rank}"] = len(counting.rows)
+    finally:
+        dist.destroy_process_group()
+
+
+def _sampled(model, tok, prompts, params, *, synced=False):
+    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    x, mask = _left_padded(ids, tok.pad_token_id)
+    torch.manual_seed(params.seed)
+    with torch.no_grad():
+        replies = decode(
+            model,
+            x,
+            mask,
+            params,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            synced=synced,
+        )
+    return [r.token_ids for r in replies]
+
+
+def test_synced_processes_run_together_and_sample_what_one_process_does(model_tok, tmp_path):
+    """Two real processes (gloo), synced as under FSDP: both run the same number of forward
+    passes, as many as the longer rank needs, and each samples exactly the replies it samples
+    alone with rows leaving the batch (a row's random draws do not depend on the others')."""
+    import torch.multiprocessing as mp
+
+    model, tok = model_tok
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=12, seed=5)
+    alone = [_sampled(model, tok, p, params) for p in RANK_PROMPTS]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        init = f"file://{tmp_path / 'store'}"
+        mp.spawn(_rank_decode, args=(init, model, tok, params, out), nprocs=2, join=True)
+        got = dict(out)
+    assert [got[0], got[1]] == alone
+    longest = max(len(r) for rank in alone for r in rank)
+    assert got["passes0"] == got["passes1"] == longest  # prefill + one pass per token after it
+    assert max(len(r) for r in alone[0]) < longest  # rank 0 waited for rank 1
