@@ -104,9 +104,9 @@ class PlanSpec:
     eager_attention: bool = True
     gradient_checkpointing: bool = False
     reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
-    engine: str = "hf"  # "hf" (transformers generate) | "vllm"
+    engine: str = "hf"  # "hf" (the transformers engine) | "vllm"
     engine_weight_bytes: int = 4
-    kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the generate() cache
+    kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the decoding cache
     gen_logits_bytes: int = 0  # hf: the [rows, V] fp32 logits decoding holds at once
     engine_total_bytes: int = 0  # vLLM on a GPU: its whole claim (gpu_memory_utilization x total)
     engine_sleeps: bool = False  # vLLM sleeps during the update (GPU)
