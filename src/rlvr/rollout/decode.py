@@ -24,23 +24,18 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from rlvr.rollout.base import SamplingParams
 
 
 def truncate_scores(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then top-p (nucleus) truncation of temperature-scaled scores ``[B, V]`` as
-    transformers' ``TopKLogitsWarper`` and ``TopPLogitsWarper`` do it: top-p keeps the most
-    likely tokens whose cumulative probability first reaches ``top_p``, and always the best one."""
-    if top_k and top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[:, -1:]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+    """Top-k then top-p (nucleus) truncation of temperature-scaled scores ``[B, V]``, with
+    transformers' own warpers in the order ``generate`` applies them (0 / 1.0: off)."""
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
     if top_p < 1.0:
-        ascending, order = torch.sort(scores, dim=-1)
-        cum = ascending.softmax(-1).cumsum(-1)
-        drop = cum <= 1.0 - top_p
-        drop[:, -1] = False
-        scores = scores.scatter(1, order, ascending.masked_fill(drop, float("-inf")))
+        scores = TopPLogitsWarper(top_p)(None, scores)
     return scores
 
 
@@ -167,6 +162,8 @@ def decode(
         logits_to_keep=1,
     )
     last = positions[:, -1:]
+    suppress_ids = torch.tensor(suppress, device=device) if suppress else None
+    truncated = bool(params.top_k) or params.top_p < 1.0
     for step in range(params.max_new_tokens):
         logits = out.logits[:, -1, :].float()
         if scale != 1.0:
@@ -175,13 +172,12 @@ def decode(
         # is about twice as fast as logsumexp over a 49k vocabulary on the CPU)
         logp_all = logits.log_softmax(-1)
         scores = logits
-        if suppress:
-            scores = scores.index_fill(1, torch.tensor(suppress, device=device), float("-inf"))
+        if suppress_ids is not None:
+            scores = scores.index_fill(1, suppress_ids, float("-inf"))
         if greedy:
             tokens = scores.argmax(-1)
         else:
-            truncated = params.top_k or params.top_p < 1.0
-            if suppress or truncated:
+            if suppress_ids is not None or truncated:
                 probs = truncate_scores(scores, params.top_k, params.top_p).softmax(-1)
             else:
                 probs = logp_all.exp()
