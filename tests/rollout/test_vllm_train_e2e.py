@@ -84,8 +84,13 @@ def test_train_three_steps_with_vllm(vllm_model_dir, tmp_path):
 def test_ctrl_c_leaves_no_processes_or_files(vllm_model_dir, tmp_path):
     tmp = tmp_path / "tmp"
     metrics = tmp_path / "runs" / "vllm-e2e" / "metrics.jsonl"
+    # A step takes ~0.07 s here and the test polls once a second, so the run must outlast the
+    # poll by a wide margin. At lr 1e-2 the tiny model learns to write 7s within ~15 steps and the
+    # health gate then stops it (reward stuck at 1 from step 22, measured): with the gate on, the
+    # run ended 'stopped_by_health' before the SIGINT landed (seen once in CI). The gate's warm-up
+    # covers every step, and there are enough steps (~140 s) that none can run out first.
     proc = subprocess.Popen(
-        _command(vllm_model_dir, tmp_path / "runs", 200),
+        [*_command(vllm_model_dir, tmp_path / "runs", 2000), "health.warmup_steps=100000"],
         env=_env(tmp),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
