@@ -148,6 +148,44 @@ def test_finished_rows_leave_the_batch(model_tok):
     assert counting.rows == want
 
 
+def _passes_and_replies(model, tok, decoder: str):
+    """Rows run by each forward pass of one greedy ``HFEngine.generate`` call, and its replies."""
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        engine = HFEngine(model, tok, decoder=decoder)
+        groups = engine.generate(
+            [tok(p, add_special_tokens=False).input_ids for p in PROMPTS],
+            SamplingParams(n=1, temperature=0.0, max_new_tokens=12),
+        )
+    finally:
+        hook.remove()
+    return rows, [c for g in groups for c in g]
+
+
+def test_hf_decoder_picks_the_loop_or_generate(model_tok):
+    """``rollout.hf_decoder``: 'loop' lets finished rows leave, 'generate' (transformers') runs
+    every row to the end; greedy, both give the same replies and log-probs. The config value
+    reaches the engine ``rlvr train`` builds."""
+    from rlvr.config import load_config
+    from rlvr.training.run_setup import build_engine
+
+    model, tok = model_tok
+    loop_rows, loop = _passes_and_replies(model, tok, "loop")
+    gen_rows, gen = _passes_and_replies(model, tok, "generate")
+    assert len({len(c.token_ids) for c in loop}) > 1  # rows end at different steps
+    assert set(gen_rows) == {len(PROMPTS)} and min(loop_rows) < len(PROMPTS)
+    assert [c.token_ids for c in gen] == [c.token_ids for c in loop]
+    assert max_abs_diff([torch.tensor(c.logprobs) for c in gen], [c.logprobs for c in loop]) < 1e-5
+    for value in ("loop", "generate"):
+        cfg = load_config(None, ["rollout.engine=hf", f"rollout.hf_decoder={value}"])
+        assert build_engine(cfg, model, tok, autocast=False).decoder == value
+    with pytest.raises(ValueError, match="decoder='beam'"):
+        HFEngine(model, tok, decoder="beam")
+
+
 @pytest.mark.parametrize("stop", [(), ("y",)], ids=["eos", "stop_string"])
 def test_sampled_logprobs_are_the_trainers(model_tok, stop):
     """Sampled replies (temperature 0.7, rows leaving as they finish): the recorded log-prob of

@@ -3,8 +3,9 @@
 Because this engine generates with the very module being trained, there is nothing to
 synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
 Text prompts go through our decoding loop (``rollout/decode.py``: faster sampling, finished rows
-leave the batch). Image prompts (a vision-language model) go through transformers' ``generate``
-and carry their pixel inputs per prompt (``vision``); each chunk feeds its own prompts' images,
+leave the batch) unless ``decoder="generate"`` (``rollout.hf_decoder``) asks for transformers'
+``generate``, the reference the loop is tested against. Image prompts (a vision-language model)
+always go through ``generate`` and carry their pixel inputs per prompt (``vision``); each chunk feeds its own prompts' images,
 concatenated in row order, with left padding like text."""
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from rlvr.data.multimodal import PromptVision, collate_vision, vision_token_ids
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.decode import decode
 
+# 'loop': rollout/decode.py; 'generate': transformers' generate (what image prompts always use)
+DECODERS = ("loop", "generate")
+
 
 class HFEngine:
     name = "hf"
@@ -32,7 +36,11 @@ class HFEngine:
         autocast: bool = False,
         synced: bool = False,
         autocast_dtype: torch.dtype = torch.bfloat16,
+        decoder: str = "loop",
     ):
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder={decoder!r}: known: {', '.join(DECODERS)}")
+        self.decoder = decoder
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -119,9 +127,9 @@ class HFEngine:
         for i, p in enumerate(prompts):
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
-        if not vision:
+        if not vision and self.decoder == "loop":
             return self._decode_text(ids.to(device), mask.to(device), params)
-        return self._generate_images(ids, mask, params, vision)
+        return self._generate_hf(ids, mask, params, vision)
 
     def _decode_text(
         self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams
@@ -154,15 +162,16 @@ class HFEngine:
             for r in replies
         ]
 
-    def _generate_images(
+    def _generate_hf(
         self,
         ids: torch.Tensor,
         mask: torch.Tensor,
         params: SamplingParams,
-        vision: list[PromptVision],
+        vision: list[PromptVision] | None,
     ) -> list[Completion]:
-        """Image prompts: transformers' ``generate``, which lets the model derive its own
-        multimodal positions (rows cannot leave the batch early here)."""
+        """transformers' ``generate``: always for image prompts, which lets the model derive its
+        own multimodal positions (rows cannot leave the batch early here), and for text prompts
+        with ``decoder="generate"``."""
         tok = self.tokenizer
         pad = tok.pad_token_id
         device = next(self.model.parameters()).device

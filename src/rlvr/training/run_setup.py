@@ -384,5 +384,10 @@ def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool 
     from rlvr.rollout.hf import HFEngine
 
     return HFEngine(
-        model, tokenizer, batch_size=cfg.rollout.batch_size, autocast=autocast, synced=synced
+        model,
+        tokenizer,
+        batch_size=cfg.rollout.batch_size,
+        autocast=autocast,
+        synced=synced,
+        decoder=cfg.rollout.hf_decoder,
     )
