@@ -12,8 +12,8 @@ same, since the thread count changes the rounding and with it every trajectory).
 
 Writes ``<out>/<date>-sampler-ab.{json,md,png}``: per run the per-step reward and reply length,
 steps to target per seed and arm, the medians, and an exact permutation test of the difference
-in mean steps (a run that never reaches the target counts as ``steps + 1``, which can only
-understate a difference it hides). Re-running with the same ``--out`` adds the new seeds.
+in mean steps (a run that never reaches the target counts as ``steps + 1``, which understates
+how slow it was). Re-running on the same day with the same ``--out`` adds the new seeds.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -253,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
             write_report(stem.with_suffix(".md"), result)
             plot(stem.with_suffix(".png"), runs, w.target_window)
+    shutil.rmtree(work, ignore_errors=True)  # the run folders; every record is in the JSON
     print(stem.with_suffix(".md").read_text())
     return 0
 

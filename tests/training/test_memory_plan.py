@@ -186,6 +186,12 @@ def test_spec_for_reads_the_run_config():
     assert s.kv_cache_bytes == 5 * 6 * 64
     # one decoding step's [rows, vocab] fp32 logits, in DECODE_LOGIT_COPIES copies
     assert s.gen_logits_bytes == 5 * 4 * 32 * 4
+    # rollout.hf_decoder=generate keeps every step's logits: 5 rows x 2 new tokens x 32 x 4 bytes
+    gen_cfg = cfg.model_copy(
+        update={"rollout": cfg.rollout.model_copy(update={"hf_decoder": "generate"})}
+    )
+    g = mp.spec_for(gen_cfg, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9)
+    assert g.gen_logits_bytes == 5 * 2 * 32 * 4
     assert s.phases_add  # the CPU
     assert s.baseline_bytes == mp.CPU_BASELINE_BYTES and not s.reference
 

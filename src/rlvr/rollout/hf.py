@@ -5,8 +5,8 @@ synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from t
 Text prompts go through our decoding loop (``rollout/decode.py``: faster sampling, finished rows
 leave the batch) unless ``decoder="generate"`` (``rollout.hf_decoder``) asks for transformers'
 ``generate``, the reference the loop is tested against. Image prompts (a vision-language model)
-always go through ``generate`` and carry their pixel inputs per prompt (``vision``); each chunk feeds its own prompts' images,
-concatenated in row order, with left padding like text."""
+always go through ``generate`` and carry their pixel inputs per prompt (``vision``); each chunk
+feeds its own prompts' images, concatenated in row order, with left padding like text."""
 
 from __future__ import annotations
 

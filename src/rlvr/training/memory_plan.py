@@ -305,8 +305,10 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         )
         kv = r.batch_size * max_len * per_token
         # text: rollout/decode.py holds one step's [rows, V] logits (a few float32 copies);
-        # image prompts go through generate(output_logits=True), which keeps every step's
-        steps = max_len - prompt if is_vlm_config(model_config) else DECODE_LOGIT_COPIES
+        # image prompts, and text with rollout.hf_decoder=generate, go through
+        # generate(output_logits=True), which keeps every step's
+        keeps_all = is_vlm_config(model_config) or r.hf_decoder == "generate"
+        steps = max_len - prompt if keeps_all else DECODE_LOGIT_COPIES
         gen_logits = r.batch_size * steps * shape.vocab * 4
     elif device == "cpu":
         kv = vs.cpu_kv_cache_bytes(
