@@ -168,8 +168,9 @@ def _passes_and_replies(model, tok, decoder: str):
 def test_hf_decoder_picks_the_loop_or_generate(model_tok):
     """``rollout.hf_decoder``: 'loop' lets finished rows leave, 'generate' (transformers') runs
     every row to the end; greedy, both give the same replies and log-probs. The config value
-    reaches the engine ``rlvr train`` builds."""
+    reaches the engines ``rlvr train`` builds for rollouts and for evaluation."""
     from rlvr.config import load_config
+    from rlvr.eval.engine import hf_eval_engine
     from rlvr.training.run_setup import build_engine
 
     model, tok = model_tok
@@ -182,6 +183,7 @@ def test_hf_decoder_picks_the_loop_or_generate(model_tok):
     for value in ("loop", "generate"):
         cfg = load_config(None, ["rollout.engine=hf", f"rollout.hf_decoder={value}"])
         assert build_engine(cfg, model, tok, autocast=False).decoder == value
+        assert hf_eval_engine(model, tok, cfg, torch.float32).decoder == value
     with pytest.raises(ValueError, match="decoder='beam'"):
         HFEngine(model, tok, decoder="beam")
 

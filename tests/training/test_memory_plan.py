@@ -166,19 +166,17 @@ def _tiny_model_config():
 def test_spec_for_reads_the_run_config():
     from rlvr.config import load_config
 
-    cfg = load_config(
-        None,
-        [
-            "data.max_prompt_tokens=4",
-            "rollout.max_new_tokens=2",
-            "rollout.engine=hf",
-            "rollout.batch_size=5",
-            "algo.micro_batch_tokens=13",
-            "model.autocast=off",
-            "model.lora.enabled=true",
-            "model.lora.rank=2",
-        ],
-    )
+    overrides = [
+        "data.max_prompt_tokens=4",
+        "rollout.max_new_tokens=2",
+        "rollout.engine=hf",
+        "rollout.batch_size=5",
+        "algo.micro_batch_tokens=13",
+        "model.autocast=off",
+        "model.lora.enabled=true",
+        "model.lora.rank=2",
+    ]
+    cfg = load_config(None, overrides)
     s = mp.spec_for(cfg, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9)
     assert (s.micro_rows, s.prompt_tokens, s.completion_tokens) == (2, 4, 2)  # 13 // 6 rows
     assert (s.precision, s.lora_rank, s.lora_targets) == ("fp32", 2, ATTN)
@@ -187,9 +185,7 @@ def test_spec_for_reads_the_run_config():
     # one decoding step's [rows, vocab] fp32 logits, in DECODE_LOGIT_COPIES copies
     assert s.gen_logits_bytes == 5 * 4 * 32 * 4
     # rollout.hf_decoder=generate keeps every step's logits: 5 rows x 2 new tokens x 32 x 4 bytes
-    gen_cfg = cfg.model_copy(
-        update={"rollout": cfg.rollout.model_copy(update={"hf_decoder": "generate"})}
-    )
+    gen_cfg = load_config(None, [*overrides, "rollout.hf_decoder=generate"])
     g = mp.spec_for(gen_cfg, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9)
     assert g.gen_logits_bytes == 5 * 2 * 32 * 4
     assert s.phases_add  # the CPU

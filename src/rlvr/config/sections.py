@@ -98,7 +98,8 @@ class RolloutConfig(Section):
     )
     hf_decoder: Literal["loop", "generate"] = Field(
         "loop",
-        description="How the hf engine samples text prompts: 'loop' is rlvr's decoding loop "
+        description="How the hf engine samples text prompts (rollouts and evaluation): 'loop' is "
+        "rlvr's decoding loop "
         "(rollout/decode.py: inverse-CDF sampling, finished rows leave the batch; about 1.5x "
         "faster on the CPU); 'generate' is transformers' generate, the reference the loop is "
         "tested against (benchmarks/sampler_ab.py compares how fast each learns). Image prompts "

@@ -54,6 +54,7 @@ def hf_eval_engine(
         autocast=dtype != weights_dtype(model),
         autocast_dtype=dtype,
         synced=synced,
+        decoder=cfg.rollout.hf_decoder,  # evaluation samples as training does
     )
 
 
