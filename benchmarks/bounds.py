@@ -5,7 +5,8 @@ the measured memory bandwidth, whichever is larger. The report sets every phase'
 against its bound, so a reader sees how much of each phase is waiting on the hardware and how
 much is overhead (Python, padding, kernels below peak):
 
-- generate: every decoding step reads the weights once (bf16) plus the KV cache of the
+- generate: every decoding step reads the weights once (in the run's precision: bf16, or
+  float32 on a CPU without a bf16 fast path) plus the KV cache of the
   sequences still running; the fewest decoding steps is the longest reply of the step (all
   sequences in one batch). Bytes over bandwidth.
 - update (forward + backward): 6 FLOPs per parameter per token (``stats.training_flops``).
@@ -50,14 +51,21 @@ def decode_bytes(
     return total
 
 
-def phase_bounds(record: dict, model_info: dict, peak_flops: float, bandwidth: float) -> dict:
+def phase_bounds(
+    record: dict,
+    model_info: dict,
+    peak_flops: float,
+    bandwidth: float,
+    dtype_bytes: int = BF16_BYTES,
+) -> dict:
     """Lower bounds in seconds for one step record's phases (generate, update, sync).
 
     ``record`` needs ``prompt_tokens`` and ``completion_tokens``; the generate bound also needs
     ``seq_prompt_lens`` and ``completion_lens`` (one per sequence) and is left out without them.
     ``model_info`` gives ``total_params``, ``nonembed_params``, ``head_params`` and
     ``kv_bytes_per_token`` (bf16 K and V of every layer for one token); ``engine`` (the worker's
-    ready message) ``vllm`` adds the sync bound.
+    ready message) ``vllm`` adds the sync bound. ``dtype_bytes`` is the size of one weight and
+    one cached key or value in the run's precision (2 for bf16, 4 for float32).
     """
     if peak_flops <= 0 or bandwidth <= 0:
         raise ValueError(f"peak_flops={peak_flops}, bandwidth={bandwidth}: both must be > 0")
@@ -65,14 +73,16 @@ def phase_bounds(record: dict, model_info: dict, peak_flops: float, bandwidth: f
     prompt, comp = int(record["prompt_tokens"]), int(record["completion_tokens"])
     out = {"update": training_flops(body, head, prompt, comp) / peak_flops}
     if model_info.get("engine") == "vllm":
-        out["sync"] = 2 * BF16_BYTES * model_info["total_params"] / bandwidth
+        out["sync"] = 2 * dtype_bytes * model_info["total_params"] / bandwidth
     if "completion_lens" in record and "seq_prompt_lens" in record:
         # the decoding weights: the body and the LM head (the embedding lookup reads a few rows)
-        weights = BF16_BYTES * (body + head)
+        weights = dtype_bytes * (body + head)
+        # model_info's KV bytes are bf16's (model_info.kv_bytes_per_token)
+        kv = model_info.get("kv_bytes_per_token", 0) * dtype_bytes / BF16_BYTES
         out["generate"] = (
             decode_bytes(
                 weights,
-                model_info.get("kv_bytes_per_token", 0),
+                kv,
                 record["seq_prompt_lens"],
                 record["completion_lens"],
             )
@@ -85,7 +95,11 @@ BOUND_PHASES = ("generate", "update", "sync")
 
 
 def bound_summary(
-    measured: Sequence[dict], model_info: dict, peak_flops: float, bandwidth: float
+    measured: Sequence[dict],
+    model_info: dict,
+    peak_flops: float,
+    bandwidth: float,
+    dtype_bytes: int = BF16_BYTES,
 ) -> dict:
     """Per phase over the measured steps: the median bound in seconds (``phase_bound_s``) and the
     share of the phase's time the hardware needs (``phase_at_bound``: summed bounds over summed
@@ -93,7 +107,7 @@ def bound_summary(
 
     A phase without a bound or without time spent is left out.
     """
-    bounds = [phase_bounds(r, model_info, peak_flops, bandwidth) for r in measured]
+    bounds = [phase_bounds(r, model_info, peak_flops, bandwidth, dtype_bytes) for r in measured]
     median_s: dict[str, float] = {}
     at_bound: dict[str, float] = {}
     for p in BOUND_PHASES:

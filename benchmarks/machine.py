@@ -131,3 +131,25 @@ class PeakRss:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+PRECISIONS = ("bf16", "float32")
+# the matmul-peak key of each precision (``matmul_peak_flops`` dtype names)
+PEAK_DTYPE = {"bf16": "bfloat16", "float32": "float32"}
+DTYPE_BYTES = {"bf16": 2, "float32": 4}
+
+
+def bench_precision(choice: str, bf16_fast: bool) -> tuple[str, str]:
+    """The precision every side trains and generates in, and why.
+
+    ``auto`` picks what a user gets by default on this machine (rlvr's ``model.autocast=auto``):
+    bf16 where the CPU has a bf16 fast path, float32 elsewhere, where bf16 matmuls are emulated
+    and slower. ``bf16`` or ``float32`` force one. Both sides always run the same precision.
+    """
+    if choice == "auto":
+        if bf16_fast:
+            return "bf16", "auto: this CPU has a bf16 fast path"
+        return "float32", "auto: this CPU has no bf16 fast path (bf16 would be emulated)"
+    if choice not in PRECISIONS:
+        raise ValueError(f"--precision={choice!r}; known: auto, {', '.join(PRECISIONS)}")
+    return choice, "forced by --precision"

@@ -21,7 +21,7 @@ LABELS = {
 # the phases set against their physical bound (bounds.py), with the bound each one has
 BOUND_LABELS = (
     ("generation (weights + KV cache read per decoding step / memory bandwidth)", "generate"),
-    ("update (6 FLOPs per parameter per token / bf16 peak)", "update"),
+    ("update (6 FLOPs per parameter per token / matmul peak)", "update"),
     ("weight sync (weights read + written / memory bandwidth)", "sync"),
 )
 PEER = "trl"
@@ -97,15 +97,19 @@ def render_markdown(payload: dict) -> str:
     engines = _engines_text(payload)
     la0, la1 = payload["load_average_start"], payload["load_average_end"]
     m = payload["machine"]
+    precision = payload.get("precision", "bf16")  # files written before --precision: bf16
     lines = [
         f"# Benchmark `{w['name']}`: {title} ({payload['date']})",
         "",
         f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB; "
         f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
         f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}",
-        f"- bf16 matmul peak (2048x2048, threads: {payload['threads']}): "
-        f"{payload['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s "
-        f"(float32: {payload['matmul_peak_gflops']['float32']:.0f})"
+        f"- Precision: {precision}"
+        + (f" ({payload['precision_reason']})" if payload.get("precision_reason") else "")
+        + f"; matmul peak (2048x2048, threads: {payload['threads']}): "
+        f"bf16 {payload['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s, "
+        f"float32 {payload['matmul_peak_gflops']['float32']:.0f}; the update is set against "
+        f"the {precision} peak"
         + (
             f"; memory bandwidth (256 MiB copy): {payload['memory_bandwidth_gbs']:.1f} GB/s"
             if "memory_bandwidth_gbs" in payload
@@ -120,7 +124,7 @@ def render_markdown(payload: dict) -> str:
             else ""
         )
         + ", "
-        f"seed {payload['seed']}, threads: {payload['threads']}, bf16",
+        f"seed {payload['seed']}, threads: {payload['threads']}, {precision}",
         f"- Steps per side: {payload['steps']} ({_warmup_text(payload)}), "
         f"alternating blocks of {payload['block']}; same prompts on all sides: "
         f"{payload['prompts_match']}",
@@ -158,7 +162,7 @@ def render_markdown(payload: dict) -> str:
             True,
         ),
         (
-            "training, % of bf16 matmul peak",
+            "training, % of matmul peak",
             lambda s: None if s["train_peak_fraction"] is None else 100 * s["train_peak_fraction"],
             "{:.1f}",
             True,

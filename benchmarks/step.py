@@ -24,7 +24,15 @@ import time
 from pathlib import Path
 
 from benchmarks.bounds import bound_summary
-from benchmarks.machine import load_average, machine_info, matmul_peak_flops, memory_bandwidth
+from benchmarks.machine import (
+    DTYPE_BYTES,
+    PEAK_DTYPE,
+    bench_precision,
+    load_average,
+    machine_info,
+    matmul_peak_flops,
+    memory_bandwidth,
+)
 from benchmarks.report import render_markdown, write_results
 from benchmarks.runner import REPO, Worker, alternate, worker_env
 from benchmarks.seeds import over_seeds, parse_seeds
@@ -99,6 +107,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work-dir", type=Path, default=None, help="logs and run dirs (default: a temp dir)"
     )
     p.add_argument("--block-timeout", type=float, default=3600.0, help="seconds one block may take")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "bf16", "float32"),
+        help="what every side trains and generates in: auto (default) is bf16 on a CPU with a "
+        "bf16 fast path (AVX512-BF16 or AMX) and float32 elsewhere, as rlvr's model.autocast=auto "
+        "picks; the update is set against the matmul peak of this precision",
+    )
     args = p.parse_args(argv)
     try:
         args.sides = parse_sides(args.sides)
@@ -137,12 +153,21 @@ def prompts_agree(workers: dict[str, Worker], schedule: list[list[dict]]) -> boo
 def side_result(w: Worker, warmup: int, hw: dict, target: float | None, window: int) -> dict:
     """Summary figures of one side (warm-up shortened when a target run stopped early).
 
-    ``hw`` holds the machine's measured ``peak_flops`` (bf16 matmul) and memory ``bandwidth``
-    (bytes/s): the figures set each phase against its physical bound (``bounds.py``).
+    ``hw`` holds the machine's measured ``peak_flops`` (matmul, in the run's precision), memory
+    ``bandwidth`` (bytes/s) and ``dtype_bytes`` (2 for bf16, 4 for float32): the figures set each
+    phase against its physical bound (``bounds.py``).
     """
     eff_warmup = min(warmup, max(0, len(w.steps) - 1))
     summary = summarize_side(w.steps, eff_warmup, w.ready, hw["peak_flops"])
-    summary.update(bound_summary(w.steps[eff_warmup:], w.ready, hw["peak_flops"], hw["bandwidth"]))
+    summary.update(
+        bound_summary(
+            w.steps[eff_warmup:],
+            w.ready,
+            hw["peak_flops"],
+            hw["bandwidth"],
+            dtype_bytes=hw["dtype_bytes"],
+        )
+    )
     summary["warmup_used"] = eff_warmup
     summary["peak_rss_mb"] = w.rss.peak / 2**20
     summary["startup_s"] = w.ready.get("startup_s")
@@ -205,6 +230,7 @@ def run_seed(
                 "steps": steps,
                 "seed": seed,
                 "threads": args.threads,
+                "precision": hw["precision"],
                 "work_dir": str(work / side),
                 "schedule": schedule,
                 "side": side,
@@ -353,9 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         for dt in ("bfloat16", "float32")
     }
     bandwidth = memory_bandwidth(threads=args.threads)
+    from rlvr.training.policy import bf16_supported
+
+    precision, why = bench_precision(args.precision, bf16_supported("cpu"))
     print(
-        f"[bench] matmul peak bf16 {peaks['bfloat16']:.0f} GFLOP/s, memory bandwidth "
-        f"{bandwidth / 1e9:.1f} GB/s, load {load_start}",
+        f"[bench] precision {precision} ({why}); matmul peak {precision} "
+        f"{peaks[PEAK_DTYPE[precision]]:.0f} GFLOP/s (bf16 {peaks['bfloat16']:.0f}, float32 "
+        f"{peaks['float32']:.0f}), memory bandwidth {bandwidth / 1e9:.1f} GB/s, load {load_start}",
         flush=True,
     )
 
@@ -363,7 +393,12 @@ def main(argv: list[str] | None = None) -> int:
 
     model_dir = prepare_model(w.model, work)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    hw = {"peak_flops": peaks["bfloat16"] * 1e9, "bandwidth": bandwidth}
+    hw = {
+        "peak_flops": peaks[PEAK_DTYPE[precision]] * 1e9,
+        "bandwidth": bandwidth,
+        "precision": precision,
+        "dtype_bytes": DTYPE_BYTES[precision],
+    }
     per_seed: dict[str, dict] = {}
     agree: list[bool] = []
     paths = None  # the first seed picks fresh file names; later seeds rewrite those files
@@ -381,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "load_average_start": list(load_start),
         "matmul_peak_gflops": peaks,
+        "precision": precision,
+        "precision_reason": why,
         "memory_bandwidth_gbs": bandwidth / 1e9,
         "work_dir": str(work),
     }

@@ -27,10 +27,13 @@ class BenchStop(Exception):
 
 
 ENGINES = ("hf", "vllm")
+# the spec's precision (benchmarks.machine.bench_precision) as rlvr's model.autocast
+AUTOCAST = {"bf16": "bf16", "float32": "off"}
 
 
 def config_overrides(spec: dict) -> list[str]:
-    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, bf16 autocast.
+    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, and
+    ``spec["precision"]`` (default bf16: bf16 autocast; float32: none).
 
     ``spec["engine"]`` (default ``hf``) is the rollout engine; vLLM keeps its config defaults
     (weights pushed to it after every update, timed as the step's ``sync`` phase).
@@ -38,10 +41,14 @@ def config_overrides(spec: dict) -> list[str]:
     engine = spec.get("engine", "hf")
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: known: {', '.join(ENGINES)}")
+    precision = spec.get("precision", "bf16")
+    if precision not in AUTOCAST:
+        raise ValueError(f"precision={precision!r}: known: {', '.join(AUTOCAST)}")
     return [
         f"model.name_or_path={spec['model_dir']}",
         "model.dtype=float32",
-        "model.autocast=bf16",
+        # float32 master weights; bf16 autocast, or float32 throughout (vLLM follows)
+        f"model.autocast={AUTOCAST[precision]}",
         "data.task=arithmetic",
         "data.template=chat",
         "algo.objective=drgrpo",

@@ -31,14 +31,15 @@ def arithmetic_reward(prompts, completions, answer, **kwargs) -> list[float]:
 
 
 def grpo_args(spec: dict):
-    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, bf16."""
+    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, and the
+    spec's precision (bf16 mixed precision by default, float32 with ``"precision": "float32"``)."""
     from trl import GRPOConfig
 
     seqs = spec["prompts_per_step"] * spec["group_size"]
     return GRPOConfig(
         output_dir=str(Path(spec["work_dir"]) / "trl-run"),
         use_cpu=True,
-        bf16=True,
+        bf16=spec.get("precision", "bf16") == "bf16",  # float32 otherwise, as rlvr's side
         per_device_train_batch_size=spec["micro_batch"],
         # one optimizer step per rollout batch: accumulate over all its micro-batches
         gradient_accumulation_steps=seqs // spec["micro_batch"],

@@ -49,6 +49,19 @@ def test_phase_bounds_by_hand():
         phase_bounds(REC, INFO, peak_flops=0.0, bandwidth=10.0)
 
 
+def test_phase_bounds_in_float32_read_four_bytes_per_value():
+    b = phase_bounds(REC, {**INFO, "engine": "vllm"}, 1000.0, 10.0, dtype_bytes=4)
+    # FLOPs do not depend on the precision (its peak does): still 4980 at 1000 FLOP/s
+    assert b["update"] == pytest.approx(4.98)
+    # float32 weights 4 * 110 = 440 per decoding step; the KV cache doubles from 10 to 20 bytes
+    # per token: step 1: 440 + 20 * 5 = 540, step 2: 440 + 20 * 4 = 520 -> 1060 bytes at 10 B/s
+    assert b["generate"] == pytest.approx(106.0)
+    assert b["sync"] == pytest.approx(88.0)  # 440 bytes read, 440 written
+    steps = [{**REC, "phases": {"generate": 212.0, "update": 9.96, "sync": 88.0}}]
+    out = bound_summary(steps, {**INFO, "engine": "vllm"}, 1000.0, 10.0, dtype_bytes=4)
+    assert out["phase_at_bound"] == pytest.approx({"generate": 0.5, "update": 0.5, "sync": 1.0})
+
+
 def test_bound_summary_weighs_steps_by_time_and_skips_idle_phases():
     steps = [
         {**REC, "phases": {"generate": 106.0, "update": 4.98, "sync": 0.0}},
@@ -86,6 +99,6 @@ def test_report_rows_against_the_bound():
     md = render_markdown(payload)
     gen = next(r for r in md.splitlines() if r.startswith("| - generation (weights"))
     assert [c.strip() for c in gen.strip("|").split("|")][1:] == ["20.0", "10.0", "2.00"]
-    upd = "- update (6 FLOPs per parameter per token / bf16 peak), % of bound"
+    upd = "- update (6 FLOPs per parameter per token / matmul peak), % of bound"
     assert _cells(md, upd)[1:] == ["50.0", "25.0", "2.00"]
     assert "memory bandwidth (256 MiB copy): 7.5 GB/s" in md

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from benchmarks import machine
-from benchmarks.machine import PeakRss, matmul_peak_flops, tree_rss
+from benchmarks.machine import PeakRss, bench_precision, matmul_peak_flops, tree_rss
 
 
 def test_matmul_peak_arithmetic(monkeypatch):
@@ -22,6 +22,17 @@ def test_matmul_peak_arithmetic(monkeypatch):
 def test_matmul_peak_rejects_unknown_dtype():
     with pytest.raises(ValueError, match="known: bfloat16, float32"):
         matmul_peak_flops(dtype="int8")
+
+
+def test_bench_precision_follows_the_cpu_unless_forced():
+    assert bench_precision("auto", bf16_fast=True)[0] == "bf16"
+    # an AVX2-only CPU emulates bf16 matmuls: float32, what rlvr's model.autocast=auto picks
+    precision, why = bench_precision("auto", bf16_fast=False)
+    assert precision == "float32" and "no bf16 fast path" in why
+    assert bench_precision("float32", bf16_fast=True) == ("float32", "forced by --precision")
+    assert bench_precision("bf16", bf16_fast=False)[0] == "bf16"
+    with pytest.raises(ValueError, match="--precision='fp16'"):
+        bench_precision("fp16", bf16_fast=True)
 
 
 def test_tree_rss_counts_children():

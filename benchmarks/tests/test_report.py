@@ -79,7 +79,7 @@ def test_table_has_both_sides_and_ratios():
     assert _cells(md, "step time, median (s)") == ["step time, median (s)", "2.00", "4.00", "0.50"]
     assert _cells(md, "peak RSS, children included (MB)")[1:] == ["900", "1200", "0.75"]
     assert _cells(md, "- generation (s, median)")[1:] == ["1.00", "2.00", "0.50"]
-    assert _cells(md, "training, % of bf16 matmul peak")[1:] == ["25.0", "25.0", "1.00"]
+    assert _cells(md, "training, % of matmul peak")[1:] == ["25.0", "25.0", "1.00"]
     assert "load average (1/5/15 min) at start 0.10/0.20/0.30" in md
     assert "- a note" in md
     assert "Steps per side: 10 (first 2 left out as warm-up)" in md
@@ -131,6 +131,17 @@ def test_three_sides_one_ratio_column_per_rlvr_side():
     payload = _payload("target", target=0.9, vllm=True)
     md = render_markdown(payload)
     assert _cells(md, "time to 3-step mean reward 0.9 (s)")[1:] == ["60", "30", "n/a", "n/a", "n/a"]
+
+
+def test_header_names_the_precision_and_its_peak():
+    md = render_markdown(
+        {**_payload(), "precision": "float32", "precision_reason": "auto: no bf16 fast path"}
+    )
+    assert "- Precision: float32 (auto: no bf16 fast path); matmul peak" in md
+    assert "bf16 640 GFLOP/s, float32 160; the update is set against the float32 peak" in md
+    assert "threads: 2, float32" in md
+    # a file from before --precision was a bf16 run
+    assert "the update is set against the bf16 peak" in render_markdown(_payload())
 
 
 def test_old_results_file_still_renders():

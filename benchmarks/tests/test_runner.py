@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 
 from benchmarks.runner import REPO, Worker, alternate, block_order, worker_env
 from benchmarks.worker_rlvr import config_overrides
@@ -101,6 +102,32 @@ def test_worker_config_is_valid_rlvr_config():
     assert {**vllm_cfg.rollout.model_dump(), "engine": "hf"} == cfg.rollout.model_dump()
     with pytest.raises(ValueError, match="engine='sglang'"):
         config_overrides({**spec, "engine": "sglang"})
+
+
+def test_rlvr_config_follows_the_spec_precision():
+    """A float32 benchmark (a CPU without a bf16 fast path) turns autocast off, and the vLLM
+    engine then computes in float32 too; an unknown precision names itself."""
+    from rlvr.config import load_config
+    from rlvr.rollout.vllm_setup import engine_dtype
+
+    spec = {
+        "model_dir": "/m",
+        "prompts_per_step": 2,
+        "group_size": 4,
+        "max_new_tokens": 8,
+        "micro_batch": 8,
+        "lr": 2e-5,
+        "steps": 1,
+        "seed": 0,
+        "threads": 1,
+    }
+    f32 = load_config(None, config_overrides({**spec, "precision": "float32", "engine": "vllm"}))
+    assert (f32.model.autocast, f32.model.dtype) == ("off", "float32")
+    assert engine_dtype(f32, "cpu") == torch.float32
+    bf16 = load_config(None, config_overrides({**spec, "precision": "bf16", "engine": "vllm"}))
+    assert bf16.model.autocast == "bf16" and engine_dtype(bf16, "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        config_overrides({**spec, "precision": "fp8"})
 
 
 def test_rlvr_worker_end_to_end(tmp_path):
