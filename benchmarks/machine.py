@@ -71,6 +71,10 @@ def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
+# environment variables that cap the instruction set oneDNN, ATen and MKL use
+ISA_LIMIT_VARS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine_info() -> dict:
     """CPU model, core count, RAM and OS of this machine."""
     model = platform.processor() or "unknown"
@@ -88,6 +92,9 @@ def machine_info() -> dict:
         "cores": psutil.cpu_count(logical=True),
         "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "avx512_bf16": "avx512_bf16" in flags,
+        # set, these make a CPU behave like an older one (e.g. AVX2 only): a run under them
+        # must say so
+        "isa_limits": {k: os.environ[k] for k in ISA_LIMIT_VARS if os.environ.get(k)},
         "python": platform.python_version(),
         "os": platform.platform(),
     }

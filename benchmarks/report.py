@@ -101,7 +101,15 @@ def render_markdown(payload: dict) -> str:
     lines = [
         f"# Benchmark `{w['name']}`: {title} ({payload['date']})",
         "",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB; "
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB"
+        + (
+            " (instruction set capped: "
+            + ", ".join(f"{k}={v}" for k, v in m["isa_limits"].items())
+            + ")"
+            if m.get("isa_limits")
+            else ""
+        )
+        + "; "
         f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
         f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}",
         f"- Precision: {precision}"

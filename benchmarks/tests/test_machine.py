@@ -35,6 +35,15 @@ def test_bench_precision_follows_the_cpu_unless_forced():
         bench_precision("fp16", bf16_fast=True)
 
 
+def test_machine_info_records_instruction_set_caps(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert machine.machine_info()["isa_limits"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert machine.machine_info()["isa_limits"] == {}
+
+
 def test_tree_rss_counts_children():
     # a child that holds 200 MB of touched memory must show up in the parent's tree total
     code = "import sys,time; b = bytearray(200 * 2**20); print('ok', flush=True); time.sleep(30)"

@@ -140,6 +140,10 @@ def test_header_names_the_precision_and_its_peak():
     assert "- Precision: float32 (auto: no bf16 fast path); matmul peak" in md
     assert "bf16 640 GFLOP/s, float32 160; the update is set against the float32 peak" in md
     assert "threads: 2, float32" in md
+    assert "instruction set capped" not in md
+    capped = _payload()
+    capped["machine"] = {**capped["machine"], "isa_limits": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert "GiB (instruction set capped: ONEDNN_MAX_CPU_ISA=AVX2); load" in render_markdown(capped)
     # a file from before --precision was a bf16 run
     assert "the update is set against the bf16 peak" in render_markdown(_payload())
 
