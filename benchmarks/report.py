@@ -25,6 +25,8 @@ BOUND_LABELS = (
     ("weight sync (weights read + written / memory bandwidth)", "sync"),
 )
 PEER = "trl"
+# matmul-peak keys (torch dtype names) as the report writes them
+NAMES = {"bfloat16": "bf16"}
 # one ratio column per rlvr side present, against TRL
 RATIO_LABELS = {"rlvr": "rlvr/TRL", "rlvr-vllm": "rlvr+vLLM/TRL"}
 
@@ -115,8 +117,11 @@ def render_markdown(payload: dict) -> str:
         f"- Precision: {precision}"
         + (f" ({payload['precision_reason']})" if payload.get("precision_reason") else "")
         + f"; matmul peak (2048x2048, threads: {payload['threads']}): "
-        f"bf16 {payload['matmul_peak_gflops']['bfloat16']:.0f} GFLOP/s, "
-        f"float32 {payload['matmul_peak_gflops']['float32']:.0f}; the update is set against "
+        + ", ".join(
+            f"{NAMES.get(dt, dt)} {v:.0f} GFLOP/s"
+            for dt, v in payload["matmul_peak_gflops"].items()
+        )
+        + "; the update is set against "
         f"the {precision} peak"
         + (
             f"; memory bandwidth (256 MiB copy): {payload['memory_bandwidth_gbs']:.1f} GB/s"

@@ -138,7 +138,7 @@ def test_header_names_the_precision_and_its_peak():
         {**_payload(), "precision": "float32", "precision_reason": "auto: no bf16 fast path"}
     )
     assert "- Precision: float32 (auto: no bf16 fast path); matmul peak" in md
-    assert "bf16 640 GFLOP/s, float32 160; the update is set against the float32 peak" in md
+    assert "bf16 640 GFLOP/s, float32 160 GFLOP/s; the update is set against the float32 peak" in md
     assert "threads: 2, float32" in md
     assert "instruction set capped" not in md
     capped = _payload()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.training.test_train_e2e import tiny_config
 
-from rlvr.training import run_setup
+from rlvr.training import policy, run_setup
 from rlvr.training.trainer import Trainer
 
 
@@ -29,3 +29,30 @@ def test_an_explicit_choice_is_named_as_such(tiny_model_dir, tmp_path, monkeypat
     monkeypatch.setattr(run_setup, "bf16_supported", lambda device: True)
     cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=off", "train.max_steps=1")
     assert Trainer(cfg).fit()["precision"] == "float32 (model.autocast=off)"
+
+
+@pytest.mark.parametrize(
+    "cap, allowed",
+    [
+        ("", True),
+        ("AVX2", False),
+        ("avx512_core", False),
+        ("AVX512_CORE_BF16", True),
+        ("ALL", True),
+    ],
+)
+def test_bf16_is_fast_only_where_onednn_may_use_it(monkeypatch, cap, allowed):
+    # a CPU with AVX512-BF16 whose oneDNN is capped below it (ONEDNN_MAX_CPU_ISA=AVX2, as when
+    # emulating an AVX2-only machine) emulates bf16 matmuls: auto must pick float32 there
+    class CpuInfo:
+        def __init__(self, path):
+            self.path = path
+
+        def read_text(self):
+            assert self.path == "/proc/cpuinfo"
+            return "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
+
+    monkeypatch.setattr(policy, "Path", CpuInfo)
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    assert policy.onednn_isa_allows_bf16(cap) is allowed
+    assert policy.bf16_supported("cpu") is allowed

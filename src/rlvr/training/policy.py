@@ -158,8 +158,27 @@ def bf16_supported(device: torch.device | str = "cpu") -> bool:
             flags = Path("/proc/cpuinfo").read_text()
         except OSError:
             return False
-        return "avx512_bf16" in flags or "amx_bf16" in flags
+        has = "avx512_bf16" in flags or "amx_bf16" in flags
+        return has and onednn_isa_allows_bf16(os.environ.get("ONEDNN_MAX_CPU_ISA", ""))
     return False
+
+
+# oneDNN's instruction-set caps (ONEDNN_MAX_CPU_ISA) that still include bf16 dot products
+ONEDNN_BF16_ISAS = (
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "ALL",
+)
+
+
+def onednn_isa_allows_bf16(cap: str) -> bool:
+    """False when ``ONEDNN_MAX_CPU_ISA`` caps oneDNN below bf16 (e.g. ``AVX2``): its bf16
+    matmuls are then emulated and slower than float32, as on a CPU without the instructions."""
+    return not cap or cap.upper() in ONEDNN_BF16_ISAS
 
 
 def load_model_and_tokenizer(
