@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.machine import bench_precision
 from benchmarks.step import prepare_model
 from benchmarks.worker_rlvr import config_overrides
 from benchmarks.workloads import WORKLOADS, get_workload
@@ -29,13 +30,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=40, help="rows in each table")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "bf16", "float32"),
+        help="as benchmarks.step: auto is bf16 where the CPU has a bf16 fast path, else float32",
+    )
     args = p.parse_args(argv)
     w = get_workload(args.workload)
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from rlvr.config import load_config
+    from rlvr.training.policy import bf16_supported
     from rlvr.training.trainer import Trainer
+
+    precision, why = bench_precision(args.precision, bf16_supported("cpu"))
+    print(f"[profile] precision {precision} ({why})", flush=True)
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -50,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": 3,
         "seed": 0,
         "threads": args.threads,
+        "precision": precision,
     }
     torch.set_num_threads(args.threads)
     trainer = Trainer(load_config(None, config_overrides(spec)), run_dir=work / "run")
