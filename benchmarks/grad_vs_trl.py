@@ -150,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr.training.policy import bf16_supported
 
     precision, _ = bench_precision(args.precision, bf16_supported("cpu"))
-    trl_python = ensure_trl_env(args.trl_venv, install=not args.no_install)
+    try:
+        trl_python = ensure_trl_env(args.trl_venv, install=not args.no_install)
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        print(f"[grad] {exc}", file=sys.stderr)
+        return 2
     w = get_workload("target")
     work = Path(tempfile.mkdtemp(prefix="rlvr-grad-vs-trl-"))
     model_dir = prepare_model(w.model, work)
