@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import bench_precision, machine_info
+from benchmarks.machine import PRECISIONS, bench_precision, machine_info
 from benchmarks.runner import REPO, worker_env
 from benchmarks.seeds import parse_seeds
 from benchmarks.step import prepare_model
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.grad_vs_trl", description=__doc__)
     p.add_argument("--seeds", default="0", help="comma list: one batch per seed (default 0)")
-    p.add_argument("--precision", default="float32", choices=("auto", "bf16", "float32"))
+    p.add_argument("--precision", default="float32", choices=("auto", *PRECISIONS))
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
@@ -160,18 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = prepare_model(w.model, work)
     runs = []
     for seed in seeds:
-        spec = {
-            "model_dir": str(model_dir),
-            "prompts_per_step": w.prompts_per_step,
-            "group_size": w.group_size,
-            "max_new_tokens": w.max_new_tokens,
-            "micro_batch": w.micro_batch,
-            "lr": w.lr,
-            "steps": 1,
-            "seed": seed,
-            "threads": args.threads,
-            "precision": precision,
-        }
+        spec = w.worker_spec(
+            model_dir, seed=seed, threads=args.threads, steps=1, precision=precision
+        )
         seed_dir = work / f"seed{seed}"
         seed_dir.mkdir()
         dump, ours = rlvr_batch_and_grads(spec, seed_dir)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.machine import bench_precision
+from benchmarks.machine import PRECISIONS, bench_precision
 from benchmarks.step import prepare_model
 from benchmarks.worker_rlvr import config_overrides
 from benchmarks.workloads import WORKLOADS, get_workload
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--precision",
         default="auto",
-        choices=("auto", "bf16", "float32"),
+        choices=("auto", *PRECISIONS),
         help="as benchmarks.step: auto is bf16 where the CPU has a bf16 fast path, else float32",
     )
     args = p.parse_args(argv)
@@ -51,18 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="rlvr-profile-"))
-    spec = {
-        "model_dir": str(prepare_model(w.model, work)),
-        "prompts_per_step": w.prompts_per_step,
-        "group_size": w.group_size,
-        "max_new_tokens": w.max_new_tokens,
-        "micro_batch": w.micro_batch,
-        "lr": w.lr,
-        "steps": 3,
-        "seed": 0,
-        "threads": args.threads,
-        "precision": precision,
-    }
+    spec = w.worker_spec(
+        prepare_model(w.model, work), seed=0, threads=args.threads, steps=3, precision=precision
+    )
     torch.set_num_threads(args.threads)
     trainer = Trainer(load_config(None, config_overrides(spec)), run_dir=work / "run")
     steps = [trainer.train_step()]  # warm-up: first-call allocations and lazy imports

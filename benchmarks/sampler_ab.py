@@ -217,11 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         d = work / f"{arm}-{seed}"
         d.mkdir()
         spec = {
-            "arm": arm, "seed": seed, "threads": args.threads, "engine": "hf",
-            "model_dir": str(model_dir), "group_size": w.group_size,
-            "prompts_per_step": w.prompts_per_step, "micro_batch": w.micro_batch,
-            "max_new_tokens": w.max_new_tokens, "lr": w.lr, "steps": w.steps,
-            "target": w.target_reward, "window": w.target_window,
+            **w.worker_spec(model_dir, seed=seed, threads=args.threads, steps=w.steps),
+            "arm": arm, "engine": "hf", "target": w.target_reward, "window": w.target_window,
             "work_dir": str(d / "run"), "records": str(d / "records.json"),
         }  # fmt: skip
         (d / "spec.json").write_text(json.dumps(spec))

@@ -27,6 +27,7 @@ from benchmarks.bounds import bound_summary
 from benchmarks.machine import (
     DTYPE_BYTES,
     PEAK_DTYPE,
+    PRECISIONS,
     bench_precision,
     load_average,
     machine_info,
@@ -110,7 +111,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--precision",
         default="auto",
-        choices=("auto", "bf16", "float32"),
+        choices=("auto", *PRECISIONS),
         help="what every side trains and generates in: auto (default) is bf16 on a CPU with a "
         "bf16 fast path (AVX512-BF16 or AMX) and float32 elsewhere, as rlvr's model.autocast=auto "
         "picks; the update is set against the matmul peak of this precision",
@@ -221,20 +222,19 @@ def run_seed(
     try:
         for side in args.sides:
             spec = {
-                "model_dir": str(model_dir),
-                "prompts_per_step": w.prompts_per_step,
-                "group_size": w.group_size,
-                "max_new_tokens": w.max_new_tokens,
-                "micro_batch": w.sequences if side == "trl-whole" else w.micro_batch,
-                "lr": w.lr,
-                "steps": steps,
-                "seed": seed,
-                "threads": args.threads,
-                "precision": hw["precision"],
+                **w.worker_spec(
+                    model_dir,
+                    seed=seed,
+                    threads=args.threads,
+                    steps=steps,
+                    precision=hw["precision"],
+                ),
                 "work_dir": str(work / side),
                 "schedule": schedule,
                 "side": side,
             }
+            if side == "trl-whole":
+                spec["micro_batch"] = w.sequences
             if side in RLVR_ENGINES:
                 spec["engine"] = RLVR_ENGINES[side]
             (work / side).mkdir(exist_ok=True)

@@ -44,6 +44,24 @@ class Workload:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def worker_spec(
+        self, model_dir, *, seed: int, threads: int, steps: int, precision: str = "bf16"
+    ) -> dict:
+        """The settings a worker trains with (``worker_rlvr.config_overrides``,
+        ``worker_trl.grpo_args``): this workload's numbers plus the run's own."""
+        return {
+            "model_dir": str(model_dir),
+            "prompts_per_step": self.prompts_per_step,
+            "group_size": self.group_size,
+            "max_new_tokens": self.max_new_tokens,
+            "micro_batch": self.micro_batch,
+            "lr": self.lr,
+            "steps": steps,
+            "seed": seed,
+            "threads": threads,
+            "precision": precision,
+        }
+
 
 WORKLOADS: dict[str, Workload] = {
     "quick": Workload("quick", "tiny", 2, 4, 16, steps=6, warmup=1, block=2),

@@ -110,17 +110,7 @@ def test_rlvr_config_follows_the_spec_precision():
     from rlvr.config import load_config
     from rlvr.rollout.vllm_setup import engine_dtype
 
-    spec = {
-        "model_dir": "/m",
-        "prompts_per_step": 2,
-        "group_size": 4,
-        "max_new_tokens": 8,
-        "micro_batch": 8,
-        "lr": 2e-5,
-        "steps": 1,
-        "seed": 0,
-        "threads": 1,
-    }
+    spec = get_workload("quick").worker_spec("/m", seed=0, threads=1, steps=1)
     f32 = load_config(None, config_overrides({**spec, "precision": "float32", "engine": "vllm"}))
     assert (f32.model.autocast, f32.model.dtype) == ("off", "float32")
     assert engine_dtype(f32, "cpu") == torch.float32

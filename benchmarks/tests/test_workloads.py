@@ -73,3 +73,21 @@ def tiny_tokenizer():
     from rlvr.training.tiny import build_char_tokenizer
 
     return build_char_tokenizer()
+
+
+def test_worker_spec_carries_the_workload_and_the_run():
+    spec = get_workload("target").worker_spec("/m", seed=3, threads=2, steps=40)
+    assert spec == {
+        "model_dir": "/m",
+        "prompts_per_step": 4,
+        "group_size": 8,
+        "max_new_tokens": 48,
+        "micro_batch": 8,
+        "lr": 2e-5,
+        "steps": 40,
+        "seed": 3,
+        "threads": 2,
+        "precision": "bf16",  # a run that does not choose gets what the workers default to
+    }
+    quick = get_workload("quick").worker_spec("/m", seed=0, threads=1, steps=1, precision="float32")
+    assert (quick["prompts_per_step"], quick["group_size"], quick["precision"]) == (2, 4, "float32")
