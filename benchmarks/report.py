@@ -76,6 +76,16 @@ def _engines_text(payload: dict) -> str | None:
     return ", ".join(parts) if parts else None
 
 
+def _allocators_text(payload: dict) -> str | None:
+    """The malloc each side's worker had mapped (results from before recorded none)."""
+    parts = [
+        f"{LABELS[s]} {ready['allocator']}"
+        for s in SIDES
+        if (ready := payload["sides"].get(s, {}).get("ready") or {}).get("allocator")
+    ]
+    return ", ".join(parts) if parts else None
+
+
 def _warmup_text(payload: dict) -> str:
     """How many first steps each side left out (a target run that stopped early keeps more)."""
     used = {
@@ -97,6 +107,7 @@ def render_markdown(payload: dict) -> str:
     names = [LABELS[s] if s != PEER else "TRL GRPOTrainer" for s in shown]
     title = " vs ".join(names)
     engines = _engines_text(payload)
+    allocators = _allocators_text(payload)
     la0, la1 = payload["load_average_start"], payload["load_average_end"]
     m = payload["machine"]
     precision = payload.get("precision", "bf16")  # files written before --precision: bf16
@@ -142,6 +153,7 @@ def render_markdown(payload: dict) -> str:
         f"alternating blocks of {payload['block']}; same prompts on all sides: "
         f"{payload['prompts_match']}",
         *([f"- Rollout engines: {engines}"] if engines else []),
+        *([f"- malloc: {allocators}"] if allocators else []),
         f"- Command: `{payload['command']}`",
         "",
         *table_header(sides),

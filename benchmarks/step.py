@@ -48,6 +48,9 @@ from benchmarks.workloads import (
     prompt_digest,
     step_schedule,
 )
+from rlvr.allocator import CHOICES as ALLOCATORS
+from rlvr.allocator import preload_env
+from rlvr.allocator import resolve as resolve_allocator
 
 KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
 DEFAULT_SIDES = "rlvr,rlvr-vllm,trl"
@@ -108,6 +111,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work-dir", type=Path, default=None, help="logs and run dirs (default: a temp dir)"
     )
     p.add_argument("--block-timeout", type=float, default=3600.0, help="seconds one block may take")
+    p.add_argument(
+        "--allocator",
+        default="auto",
+        choices=ALLOCATORS,
+        help="malloc of the rlvr sides, as train.allocator: auto (default, what `rlvr train` "
+        "does) preloads tcmalloc, else jemalloc, where the system has one",
+    )
+    p.add_argument(
+        "--trl-allocator",
+        default="system",
+        choices=ALLOCATORS,
+        help="malloc of the TRL sides: system (default, what TRL runs with), or the same "
+        "choices as --allocator, to see what TRL would gain from it",
+    )
     p.add_argument(
         "--precision",
         default="auto",
@@ -181,17 +198,21 @@ def side_result(w: Worker, warmup: int, hw: dict, target: float | None, window: 
 
 
 def worker_command(
-    side: str, python: Path, spec_path: Path, threads: int
+    side: str, python: Path, spec_path: Path, threads: int, allocator: str = "system"
 ) -> tuple[list[str], dict]:
-    """The argv and environment of one side's worker process."""
+    """The argv and environment of one side's worker process; ``allocator`` (a
+    ``train.allocator`` value) is preloaded as ``rlvr train`` would (``rlvr.allocator``)."""
     if side in RLVR_ENGINES:
         # rlvr is installed (editable) in both .venv and .venv-vllm; only benchmarks/ is added
         argv = [str(python), "-m", "benchmarks.worker_rlvr", str(spec_path)]
-        return argv, worker_env(threads, [REPO])
-    if side in TRL_SIDES:
+        env = worker_env(threads, [REPO])
+    elif side in TRL_SIDES:
         argv = [str(python), "-m", "benchmarks.worker_trl", str(spec_path)]
-        return argv, worker_env(threads, [REPO, REPO / "src"])
-    raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")
+        env = worker_env(threads, [REPO, REPO / "src"])
+    else:
+        raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")
+    _, library = resolve_allocator(allocator)
+    return argv, (preload_env(library, env) if library else env)
 
 
 def all_ratios(sides: dict[str, dict]) -> dict[str, dict]:
@@ -240,7 +261,8 @@ def run_seed(
             (work / side).mkdir(exist_ok=True)
             spec_path = work / f"{side}-spec.json"
             spec_path.write_text(json.dumps(spec))
-            argv_w, env = worker_command(side, pythons[side], spec_path, args.threads)
+            allocator = args.allocator if side in RLVR_ENGINES else args.trl_allocator
+            argv_w, env = worker_command(side, pythons[side], spec_path, args.threads, allocator)
             worker = Worker(side, argv_w, env, work / f"{side}.log").start()
             workers[side] = worker
             # one side at a time even while loading, so start-up times are not shared

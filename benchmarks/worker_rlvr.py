@@ -20,6 +20,7 @@ import psutil
 from benchmarks.model_info import param_counts
 from benchmarks.protocol import Gate
 from benchmarks.workloads import prompt_digest
+from rlvr.allocator import describe as describe_allocator
 
 
 class BenchStop(Exception):
@@ -139,6 +140,7 @@ def main(argv: list[str]) -> int:
                 side=side,
                 engine=trainer.engine.name,
                 startup_s=startup,
+                allocator=describe_allocator(),
                 threads=torch.get_num_threads(),
                 versions=versions,
                 **param_counts(trainer.model),

@@ -21,6 +21,7 @@ import psutil
 from benchmarks.model_info import param_counts
 from benchmarks.protocol import Gate
 from benchmarks.workloads import prompt_digest
+from rlvr.allocator import describe as describe_allocator
 
 
 def arithmetic_reward(prompts, completions, answer, **kwargs) -> list[float]:
@@ -142,6 +143,7 @@ def build_trainer(spec: dict, gate: Gate):
             ok = gate.start(
                 side=spec.get("side", "trl"),
                 startup_s=startup,
+                allocator=describe_allocator(),
                 threads=torch.get_num_threads(),
                 versions={
                     "trl": trl.__version__,

@@ -148,6 +148,18 @@ def test_header_names_the_precision_and_its_peak():
     assert "the update is set against the bf16 peak" in render_markdown(_payload())
 
 
+def test_header_names_the_malloc_each_side_ran_with():
+    payload = _payload()
+    payload["sides"]["rlvr"]["ready"] = {"allocator": "tcmalloc (/usr/lib/libtcmalloc.so.4)"}
+    payload["sides"]["trl"]["ready"] = {"allocator": "system malloc"}
+    md = render_markdown(payload)
+    assert (
+        "- malloc: rlvr (transformers) tcmalloc (/usr/lib/libtcmalloc.so.4), TRL system malloc"
+        in md
+    )
+    assert "- malloc:" not in render_markdown(_payload())  # files from before recorded none
+
+
 def test_old_results_file_still_renders():
     """Results written before the vLLM side (two sides, a flat "ratios" dict) render as before."""
     js = Path(__file__).resolve().parent.parent / "results" / "2026-11-22-default.json"

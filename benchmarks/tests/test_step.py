@@ -18,6 +18,7 @@ from benchmarks.step import (
     worker_command,
 )
 from benchmarks.workloads import prompt_digest
+from rlvr.allocator import resolve as resolve_allocator
 
 
 def test_default_is_all_three_sides():
@@ -71,6 +72,22 @@ def test_worker_commands(tmp_path):
     ]
     with pytest.raises(ValueError, match="unknown side"):
         worker_command("vllm", vpy, spec, threads=1)
+
+
+def test_worker_commands_preload_the_allocator_asked_for(tmp_path, monkeypatch):
+    """The rlvr sides get what `rlvr train` would preload; TRL keeps the system malloc unless
+    --trl-allocator names one."""
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    spec = tmp_path / "spec.json"
+    kind, lib = resolve_allocator("auto")
+    _, env = worker_command("rlvr", Path(sys.executable), spec, threads=2, allocator="auto")
+    assert env.get("LD_PRELOAD") == (str(lib) if lib else None)
+    _, env = worker_command("trl", Path("/t/python"), spec, threads=2)
+    assert "LD_PRELOAD" not in env
+    _, env = worker_command("rlvr", Path(sys.executable), spec, threads=2, allocator="system")
+    assert "LD_PRELOAD" not in env
+    args = parse_args(["--sides", "rlvr,trl", "--trl-allocator", "auto"])
+    assert (args.allocator, args.trl_allocator) == ("auto", "auto")
 
 
 def _res(step_s):

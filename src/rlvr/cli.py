@@ -49,6 +49,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rlvr.training.dry_run import run_dry
 
         return run_dry(cfg)
+    _start_with_allocator(args, cfg.train.allocator)
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         cfg.validate()  # fail here, not once per spawned process (setup_run validates otherwise)
         return _relaunch_with_torchrun(args.nproc)
@@ -68,6 +69,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         shutdown()
     return 0
+
+
+def _start_with_allocator(args: argparse.Namespace, choice: str) -> None:
+    """Start this command again with tcmalloc/jemalloc preloaded (``train.allocator``, see
+    ``rlvr.allocator``), only when ``rlvr`` runs as its own process: ``main(argv)`` called from
+    Python keeps the caller's process and its malloc."""
+    if getattr(args, "own_process", False):
+        from rlvr.allocator import reexec_with
+
+        reexec_with(choice)
 
 
 def _relaunch_with_torchrun(nproc: int) -> int:
@@ -274,6 +285,7 @@ def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rlvr.allocator import AllocatorError
     from rlvr.config import ConfigError
     from rlvr.rewards.runner import RewardFailureError
     from rlvr.training.checkpoint import CheckpointError
@@ -281,9 +293,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parse_args_any_order(parser, argv)
+    args.own_process = argv is None  # the command line of this process, not a call from Python
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, AllocatorError) as exc:
         print(f"rlvr: {exc}", file=sys.stderr)
         return 2
     except RewardFailureError as exc:

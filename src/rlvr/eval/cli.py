@@ -185,6 +185,10 @@ def run_eval(args: argparse.Namespace) -> int:
         overrides.append("eval.sets=[]")  # --data replaces the config's sets by one set
     cfg = load_config(cfg_path, overrides)
     sets = _offline_sets(args, cfg)  # data errors surface before a model loads
+    if getattr(args, "own_process", False):  # `rlvr eval` as a command: see rlvr.allocator
+        from rlvr.allocator import reexec_with
+
+        reexec_with(cfg.train.allocator)
     model, tokenizer, base, processor = load_policy(
         source, cfg, base=args.base, config_given=cfg_path is not None
     )

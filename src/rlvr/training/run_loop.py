@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlvr.allocator import describe as describe_allocator
 from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.telemetry.health import (
     HEALTH_EVENTS_FILE,
@@ -167,6 +168,7 @@ def run_training(trainer) -> dict:
     write_status(run_dir, "running")
     main = trainer.dist.is_main
     precision = precision_text(cfg, trainer.ctx.autocast, trainer.ctx.device)
+    malloc = describe_allocator(cfg.train.allocator)
     if main:
         ranks = f", processes: {trainer.dist.world_size}" if trainer.dist.enabled else ""
         print(
@@ -175,11 +177,13 @@ def run_training(trainer) -> dict:
             flush=True,
         )
         print(f"[rlvr] precision: {precision}", flush=True)
+        print(f"[rlvr] malloc: {malloc}", flush=True)
     summary: dict = {
         "run_dir": str(run_dir),
         "engine": trainer.engine.name,
         "objective": cfg.algo.objective,
         "precision": precision,
+        "allocator": malloc,
     }
     t_run = time.perf_counter()
     try:
