@@ -181,3 +181,17 @@ def test_doctor_names_the_malloc_rlvr_train_would_preload(capsys):
     assert line.split(None, 1)[1] == (
         f"{kind}: {lib} (rlvr train/eval preload it)" if lib else "system (glibc)"
     )
+
+
+def test_rlvr_train_reaches_the_restart_without_importing_torch():
+    """The restart replaces the process: whatever was imported before it is imported twice.
+    Parsing the command line and the config must stay free of torch (~2 s here)."""
+    code = (
+        "import sys\n"
+        "from rlvr.cli import build_parser, parse_args_any_order, _train_config\n"
+        "args = parse_args_any_order(build_parser(), ['train', 'train.max_steps=3'])\n"
+        "_train_config(args)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -41,15 +41,16 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlvr.telemetry.health import HealthStop
-    from rlvr.training.trainer import Trainer
-
     cfg = _train_config(args)
     if args.dry_run:
         from rlvr.training.dry_run import run_dry
 
         return run_dry(cfg)
+    # before torch is imported: the restart (if any) does not pay for it twice
     _start_with_allocator(args, cfg.train.allocator)
+    from rlvr.telemetry.health import HealthStop
+    from rlvr.training.trainer import Trainer
+
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         cfg.validate()  # fail here, not once per spawned process (setup_run validates otherwise)
         return _relaunch_with_torchrun(args.nproc)
@@ -243,10 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
     p.set_defaults(func=cmd_report)
 
+    # (its arguments live here: importing rlvr.merge imports torch, which `rlvr train` must not
+    # pay for before it may start itself again with another malloc)
     p = sub.add_parser("merge", help="merge a LoRA checkpoint into its base model (HF folder)")
-    from rlvr.merge import add_merge_args
-
-    add_merge_args(p)
+    p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
+    p.add_argument("--out", help="output folder (default RUN_DIR/merged/<checkpoint name>)")
+    p.add_argument("--base", help="base model (default: model.name_or_path of the run's config)")
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser(
@@ -285,29 +288,44 @@ def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parse_args_any_order(parser, argv)
+    args.own_process = argv is None  # the command line of this process, not a call from Python
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("rlvr: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        code = _exit_code(exc)
+        if code is None:
+            raise
+        return code
+
+
+def _exit_code(exc: Exception) -> int | None:
+    """The exit code and one-line message of an error rlvr explains (None: a bug, re-raised).
+
+    The error types are imported here, not at start-up: ``rlvr train`` may start itself again
+    (``rlvr.allocator``) before anything imports torch, and should not pay for torch twice."""
     from rlvr.allocator import AllocatorError
     from rlvr.config import ConfigError
     from rlvr.rewards.runner import RewardFailureError
     from rlvr.training.checkpoint import CheckpointError
     from rlvr.training.policy import ModelLoadError
 
-    parser = build_parser()
-    args = parse_args_any_order(parser, argv)
-    args.own_process = argv is None  # the command line of this process, not a call from Python
-    try:
-        return int(args.func(args) or 0)
-    except (ConfigError, AllocatorError) as exc:
+    if isinstance(exc, ConfigError | AllocatorError):
         print(f"rlvr: {exc}", file=sys.stderr)
         return 2
-    except RewardFailureError as exc:
+    if isinstance(exc, RewardFailureError):
         print(f"rlvr: stopped: {exc}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError, ModelLoadError, CheckpointError, ConnectionError) as exc:
+    if isinstance(
+        exc, FileNotFoundError | ValueError | ModelLoadError | CheckpointError | ConnectionError
+    ):
         print(f"rlvr: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rlvr: interrupted", file=sys.stderr)
-        return 130
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -93,12 +93,6 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     return save_model_folder(merged, tokenizer, out)
 
 
-def add_merge_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
-    p.add_argument("--out", help="output folder (default RUN_DIR/merged/<checkpoint name>)")
-    p.add_argument("--base", help="base model (default: model.name_or_path of the run's config)")
-
-
 def run_merge(args: argparse.Namespace) -> int:
     try:
         out = merge_checkpoint(Path(args.checkpoint), args.out, args.base)
