@@ -195,3 +195,36 @@ def test_rlvr_train_reaches_the_restart_without_importing_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- oneDNN's primitive cache
+
+
+def test_onednn_bound_sets_the_capacity_unless_the_environment_has_one():
+    from rlvr import onednn_cache
+
+    env: dict[str, str] = {}
+    onednn_cache.bound(256, env)
+    assert env == {onednn_cache.ENV: "256"} and onednn_cache.in_effect(env) == "256"
+    env = {onednn_cache.ENV: "64"}
+    onednn_cache.bound(256, env)  # the user's own value wins
+    assert env == {onednn_cache.ENV: "64"}
+    env = {}
+    onednn_cache.bound(0, env)  # 0: oneDNN's default, nothing set
+    assert env == {} and onednn_cache.in_effect(env) == "1024 (oneDNN default)"
+
+
+def test_rlvr_train_bounds_onednn_cache_and_reports_it(tiny_model_dir, tmp_path):
+    from rlvr import onednn_cache
+
+    env = {k: v for k, v in os.environ.items() if k != onednn_cache.ENV}
+    proc = _train(tiny_model_dir, tmp_path, "default", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert _summary(tmp_path, "default")["onednn_primitive_cache"] == "256"
+    assert "oneDNN primitive cache: 256" in proc.stdout
+    proc = _train(tiny_model_dir, tmp_path, "off", "train.onednn_cache=0", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert _summary(tmp_path, "off")["onednn_primitive_cache"] == "1024 (oneDNN default)"
+    proc = _train(tiny_model_dir, tmp_path, "user", env={**env, onednn_cache.ENV: "64"})
+    assert proc.returncode == 0, proc.stderr
+    assert _summary(tmp_path, "user")["onednn_primitive_cache"] == "64"

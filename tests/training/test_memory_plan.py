@@ -116,6 +116,10 @@ def test_lora_reference_autocast_and_vllm():
     assert ref.resident["reference model (not sharded)"] == 5792
     auto = build_plan(dataclasses.replace(SPEC, precision="autocast"))
     assert auto.update["bf16 weight copies (autocast, kept for the backward)"] == 2896
+    # lean linears keep the float32 weight for the backward: no bf16 copy to plan for
+    lean = build_plan(dataclasses.replace(SPEC, precision="autocast", lean_backward=True))
+    assert "bf16 weight copies (autocast, kept for the backward)" not in lean.update
+    assert lean.update_peak == auto.update_peak - 2896
     cpu = build_plan(
         dataclasses.replace(SPEC, engine="vllm", engine_weight_bytes=2, kv_cache_bytes=700)
     )

@@ -103,6 +103,7 @@ class PlanSpec:
     lora_targets: tuple[str, ...] | str = ()
     eager_attention: bool = True
     gradient_checkpointing: bool = False
+    lean_backward: bool = False  # model.lean_backward: linears keep float32 weights, no bf16 copy
     reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
     engine: str = "hf"  # "hf" (the transformers engine) | "vllm"
     engine_weight_bytes: int = 4
@@ -201,7 +202,7 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     if s.shards > 1:  # FSDP2 gathers one layer and prefetches the next
         per_layer = (sh.params - sh.vocab * sh.hidden * (1 if sh.tied else 2)) // sh.layers
         update["FSDP2 gathered layers (2)"] = 2 * per_layer * wb
-    if s.precision == "autocast":
+    if s.precision == "autocast" and not s.lean_backward:
         update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
     update["activations"] = activation_bytes(s)
     update["logits (log-softmax, fp32)"] = logits_bytes(s)
@@ -335,6 +336,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
         eager_attention=choose_attention(m.attention, device, completion) == "eager",
         gradient_checkpointing=m.gradient_checkpointing,
+        lean_backward=m.lean_backward,
         reference=build_objective(cfg).needs().reference and not lora.enabled,
         engine=engine,
         engine_weight_bytes=torch.empty((), dtype=edtype).element_size(),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlvr import onednn_cache
 from rlvr.allocator import describe as describe_allocator
 from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.telemetry.health import (
@@ -169,6 +170,7 @@ def run_training(trainer) -> dict:
     main = trainer.dist.is_main
     precision = precision_text(cfg, trainer.ctx.autocast, trainer.ctx.device)
     malloc = describe_allocator(cfg.train.allocator)
+    onednn = onednn_cache.in_effect()
     if main:
         ranks = f", processes: {trainer.dist.world_size}" if trainer.dist.enabled else ""
         print(
@@ -177,13 +179,14 @@ def run_training(trainer) -> dict:
             flush=True,
         )
         print(f"[rlvr] precision: {precision}", flush=True)
-        print(f"[rlvr] malloc: {malloc}", flush=True)
+        print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
     summary: dict = {
         "run_dir": str(run_dir),
         "engine": trainer.engine.name,
         "objective": cfg.algo.objective,
         "precision": precision,
         "allocator": malloc,
+        "onednn_primitive_cache": onednn,
     }
     t_run = time.perf_counter()
     try:

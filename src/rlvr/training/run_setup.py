@@ -9,11 +9,13 @@ from pathlib import Path
 
 import torch
 
+from rlvr import onednn_cache
 from rlvr.config import Config, ConfigError
 from rlvr.data.tasks import DEFAULT_REWARD, task_rows
 from rlvr.objectives import Objective, build_objective
 from rlvr.rewards.runner import RewardRunner, RewardSpec
 from rlvr.telemetry.jsonio import atomic_write_text
+from rlvr.training import lean_backward
 from rlvr.training.distributed import (
     DistInfo,
     barrier,
@@ -237,6 +239,7 @@ def setup_run(
         timeout_s=cfg.reward.timeout_s,
         max_failure_fraction=cfg.reward.max_failure_fraction,
     )
+    onednn_cache.bound(cfg.train.onednn_cache)  # before the first bf16 matmul compiles one
     device = device_for(info, cfg.model.device)
     dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
     if model is None:
@@ -247,6 +250,8 @@ def setup_run(
         model = model.to(device)
         prepare_tokenizer(tokenizer)
     use_training_attention(model, cfg, str(device))
+    if cfg.model.lean_backward:
+        lean_backward.install(model)  # before LoRA and DDP/FSDP2 wrap the layers
     freeze = default_freeze(model) if cfg.model.freeze is None else cfg.model.freeze
     counts = freeze_prefixes(model, freeze)  # a prefix that matches nothing is an error
     if freeze and info.is_main:
