@@ -33,7 +33,7 @@ from benchmarks.report import results_paths
 from benchmarks.stats import safe_ratio
 from benchmarks.step import prepare_model
 from benchmarks.workloads import get_workload
-from rlvr.allocator import CHOICES, describe, preload_env, resolve
+from rlvr.allocator import CHOICES, allocator_env, describe, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 FIGURES = (  # (row label, record key, format)
@@ -72,10 +72,7 @@ def run_allocator(choice: str, spec: dict, work: Path) -> dict:
     """One training run under ``choice`` in a child process: what it had mapped, its steps."""
     spec_path = work / f"{choice}-spec.json"
     spec_path.write_text(json.dumps({**spec, "work_dir": str(work / f"run-{choice}")}))
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    _, library = resolve(choice)
-    if library is not None:
-        env = preload_env(library, env)
+    env = allocator_env(choice, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.allocator_ab", "--child", str(spec_path)],

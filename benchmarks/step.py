@@ -49,8 +49,7 @@ from benchmarks.workloads import (
     step_schedule,
 )
 from rlvr.allocator import CHOICES as ALLOCATORS
-from rlvr.allocator import preload_env
-from rlvr.allocator import resolve as resolve_allocator
+from rlvr.allocator import allocator_env
 
 KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
 DEFAULT_SIDES = "rlvr,rlvr-vllm,trl"
@@ -211,8 +210,7 @@ def worker_command(
         env = worker_env(threads, [REPO, REPO / "src"])
     else:
         raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")
-    _, library = resolve_allocator(allocator)
-    return argv, (preload_env(library, env) if library else env)
+    return argv, allocator_env(allocator, env)
 
 
 def all_ratios(sides: dict[str, dict]) -> dict[str, dict]:

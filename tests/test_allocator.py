@@ -228,3 +228,16 @@ def test_rlvr_train_bounds_onednn_cache_and_reports_it(tiny_model_dir, tmp_path)
     proc = _train(tiny_model_dir, tmp_path, "user", env={**env, onednn_cache.ENV: "64"})
     assert proc.returncode == 0, proc.stderr
     assert _summary(tmp_path, "user")["onednn_primitive_cache"] == "64"
+
+
+def test_allocator_env_preloads_what_resolve_finds_and_nothing_for_system():
+    from rlvr.allocator import allocator_env
+
+    env = {"LD_PRELOAD": "/opt/other.so", "PATH": "/bin"}
+    assert allocator_env("system", env) == env
+    kind, path = resolve("auto")
+    got = allocator_env("auto", env)
+    if kind == "system":
+        assert got == env
+    else:
+        assert got["LD_PRELOAD"] == f"{path}:/opt/other.so" and got["PATH"] == "/bin"

@@ -123,6 +123,13 @@ def preload_env(path: Path, env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def allocator_env(choice: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a child process that should run with ``choice``'s malloc: with the library
+    first in ``LD_PRELOAD`` when one is found, else ``env`` as it is (the system malloc)."""
+    _, path = resolve(choice)
+    return preload_env(path, env) if path is not None else dict(env)
+
+
 def reexec_with(choice: str) -> None:
     """Start this command again with the allocator ``choice`` resolves to, unless it is already
     mapped (or nothing is to be preloaded). Does not return when it starts again.
