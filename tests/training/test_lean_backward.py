@@ -267,3 +267,37 @@ def test_a_training_step_with_lean_layers_moves_the_weights_as_the_standard_one(
             assert torch.equal(p, a[name]), name
     # and the step did move them: the final norm's weights start at exactly one
     assert not torch.equal(a["model.norm.weight"], torch.ones_like(a["model.norm.weight"]))
+
+
+def test_lean_linears_under_fsdp2_and_autocast_train_as_the_standard_ones(tiny_model_dir, tmp_path):
+    """Two FSDP2 ranks (gloo) under bf16 autocast: a lean linear keeps the unsharded float32
+    weight, which FSDP2 frees after the forward and gathers again before the backward. One step
+    with and without lean layers lands on the same weights (the tied embedding within AdamW's
+    step, as above)."""
+    from dist_support import TORCHRUN, run, steps, train_args, weights
+
+    def args(name: str, lean: bool) -> list[str]:
+        return train_args(
+            tiny_model_dir,
+            tmp_path,
+            name,
+            1,
+            "train.parallel=fsdp2",
+            "model.autocast=bf16",
+            "train.max_grad_norm=1e9",
+            "train.lr=1e-3",
+            f"model.lean_backward={str(lean).lower()}",
+        )
+
+    run(TORCHRUN, args("std", False), tmp_path)
+    run(TORCHRUN, args("lean", True), tmp_path)
+    (a,), (b,) = steps(tmp_path / "std"), steps(tmp_path / "lean")
+    assert a["reward_mean"] == b["reward_mean"] and a["policy_loss"] == b["policy_loss"]
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    wa, wb = weights(tmp_path / "std" / "final"), weights(tmp_path / "lean" / "final")
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        if "embed_tokens" in name:
+            torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=2e-3)
+        else:
+            assert torch.equal(wa[name], wb[name]), name
