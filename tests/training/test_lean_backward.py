@@ -107,6 +107,16 @@ def test_linears_reading_one_input_keep_one_cast_of_it():
     assert saved_bytes(fn) == {BF16: 2 * 4 * 32}  # one bf16 copy of h, not two
 
 
+def test_the_shared_cast_lives_no_longer_than_the_backward_graph():
+    lin = LeanLinear(16, 8, bias=False)
+    h = torch.randn(4, 16, requires_grad=True) * 2
+    with autocast():
+        out = lin(h)
+    assert lean_backward._InputCast.cast() is not None  # kept by the graph, for the backward
+    out.float().sum().backward()
+    assert lean_backward._InputCast.cast() is None  # freed with the graph, not held till later
+
+
 def test_rmsnorm_matches_llama_bitwise():
     torch.manual_seed(0)
     std = LlamaRMSNorm(48, eps=1e-5)

@@ -35,24 +35,23 @@ from torch import nn
 
 class _InputCast:
     """The last input ``LeanLinear`` cast to bf16, so consecutive linears reading the same tensor
-    (q, k, v; gate, up) keep one copy: holds a weak reference to the input, the cast strongly."""
+    (q, k, v; gate, up) keep one copy. Both references are weak: the cast lives as long as a
+    backward graph keeps it (every linear that uses it saves it), never longer."""
 
     source: weakref.ref | None = None
     version: int = -1
-    cast: torch.Tensor | None = None
+    cast: weakref.ref | None = None
 
     @classmethod
     def get(cls, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if x.dtype == dtype:
             return x
+        cast = cls.cast() if cls.cast is not None else None
         same = cls.source is not None and cls.source() is x and cls.version == x._version
-        if not (same and cls.cast is not None and cls.cast.dtype == dtype):
-            cls.source, cls.version, cls.cast = weakref.ref(x), x._version, x.to(dtype)
-        return cls.cast
-
-    @classmethod
-    def clear(cls) -> None:
-        cls.source, cls.version, cls.cast = None, -1, None
+        if not (same and cast is not None and cast.dtype == dtype):
+            cast = x.to(dtype)
+            cls.source, cls.version, cls.cast = weakref.ref(x), x._version, weakref.ref(cast)
+        return cast
 
 
 class _RecastLinearFn(torch.autograd.Function):
