@@ -29,6 +29,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.activations import SiLUActivation
 
 # -- linear ---------------------------------------------------------------------------------------
 
@@ -204,16 +205,7 @@ def _looks_like_gated_mlp(m: nn.Module) -> bool:
     act = getattr(m, "act_fn", None)
     return all(
         isinstance(getattr(m, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")
-    ) and isinstance(act, (nn.SiLU, *_silu_types()))
-
-
-def _silu_types() -> tuple[type, ...]:
-    try:
-        from transformers.activations import SiLUActivation
-
-        return (SiLUActivation,)
-    except ImportError:  # older transformers map "silu" to nn.SiLU
-        return ()
+    ) and isinstance(act, nn.SiLU | SiLUActivation)
 
 
 @torch.no_grad()
