@@ -24,11 +24,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import PRECISIONS, bench_precision, machine_info
+from benchmarks.machine import machine_info
 from benchmarks.runner import REPO, worker_env
-from benchmarks.seeds import parse_seeds
 from benchmarks.step import prepare_model
-from benchmarks.trl_env import ensure_trl_env
+from benchmarks.vs_trl import add_common_args, resolve, trl_version, write_results
 from benchmarks.workloads import get_workload
 
 
@@ -136,25 +135,12 @@ def render(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="python -m benchmarks.grad_vs_trl", description=__doc__)
-    p.add_argument("--seeds", default="0", help="comma list: one batch per seed (default 0)")
-    p.add_argument("--precision", default="float32", choices=("auto", *PRECISIONS))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
-    p.add_argument("--no-install", action="store_true", help="fail instead of creating TRL's venv")
+    add_common_args(p, precision="float32", seeds_help="comma list: one batch per seed (default 0)")
     args = p.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        p.error(str(exc))
-    from rlvr.training.policy import bf16_supported
-
-    precision, _ = bench_precision(args.precision, bf16_supported("cpu"))
-    try:
-        trl_python = ensure_trl_env(args.trl_venv, install=not args.no_install)
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        print(f"[grad] {exc}", file=sys.stderr)
+    resolved = resolve(p, args, "grad")
+    if resolved is None:
         return 2
+    seeds, precision, trl_python = resolved
     w = get_workload("target")
     work = Path(tempfile.mkdtemp(prefix="rlvr-grad-vs-trl-"))
     model_dir = prepare_model(w.model, work)
@@ -186,25 +172,15 @@ def main(argv: list[str] | None = None) -> int:
             }
         )
         print(f"[grad] seed {seed}: {json.dumps(compare)}", flush=True)
-    version = subprocess.run(
-        [str(trl_python), "-c", "import trl; print(trl.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
     payload = {
         "command": "python -m benchmarks.grad_vs_trl " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_info(),
         "precision": precision,
-        "trl_version": version,
+        "trl_version": trl_version(trl_python),
         "runs": runs,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{payload['date']}-grad-vs-trl-{precision}"
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(render(payload))
-    print(render(payload))
+    write_results(args.out / f"{payload['date']}-grad-vs-trl-{precision}", payload, render)
     return 0
 
 

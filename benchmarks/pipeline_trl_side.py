@@ -64,19 +64,12 @@ class RolloutReplay:
 
 
 def _trainer(spec: dict, out: Path, *, lr: float, rollout_func=None, trainer_cls=None):
-    import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from benchmarks.worker_trl import arithmetic_reward, grpo_args
+    from benchmarks.worker_trl import arithmetic_reward, grpo_args, load_tokenizer_and_model
 
-    torch.set_num_threads(spec["threads"])
-    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    tok, model = load_tokenizer_and_model(spec)
     rows = [r for step in spec["schedule"][: spec["steps"]] for r in step]
     cls = trainer_cls or GRPOTrainer
     trainer = cls(

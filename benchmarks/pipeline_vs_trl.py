@@ -23,6 +23,7 @@ Writes ``<out>/<date>-pipeline-vs-trl-<part>-<precision>.{json,md}``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -30,16 +31,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from benchmarks.grad_vs_trl import compare_grads
-from benchmarks.machine import PRECISIONS, bench_precision, machine_info
+from benchmarks.machine import machine_info
 from benchmarks.runner import REPO, worker_env
-from benchmarks.seeds import parse_seeds
 from benchmarks.step import prepare_model
-from benchmarks.trl_env import ensure_trl_env
+from benchmarks.vs_trl import add_common_args, resolve, trl_version, write_results
 from benchmarks.workloads import get_workload, step_schedule
 
 PARTS = ("update", "sample")
@@ -82,14 +83,22 @@ def difference(a: dict, b: dict) -> dict:
     return {"len_diff": d, "len_diff_se": se, "z": d / se if se > 0 else float("nan")}
 
 
-def rlvr_trainer(spec: dict, run_dir: Path, lr: float | None = None):
+@contextlib.contextmanager
+def rlvr_trainer(spec: dict, run_dir: Path, lr: float | None = None) -> Iterator:
+    """rlvr's ``Trainer`` with the workload's settings (``lr`` overrides the spec's); its engine
+    and reward workers are closed on the way out."""
     from benchmarks.worker_rlvr import config_overrides
     from rlvr.config import load_config
     from rlvr.training.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
     over = config_overrides({**spec, "lr": spec["lr"] if lr is None else lr})
-    return Trainer(load_config(None, [*over, "train.save_every=0"]), run_dir=run_dir)
+    trainer = Trainer(load_config(None, [*over, "train.save_every=0"]), run_dir=run_dir)
+    try:
+        yield trainer
+    finally:
+        trainer.engine.close()
+        trainer.ctx.rewards.close()
 
 
 def _ids(batch) -> dict:
@@ -101,9 +110,8 @@ def _ids(batch) -> dict:
 
 def rlvr_update(spec: dict, work: Path) -> tuple[dict, list[dict], list[dict], dict]:
     """rlvr's initial weights, recorded batches, per-step metrics and final weights."""
-    trainer = rlvr_trainer(spec, work / "rlvr-run")
-    model = trainer.state.model
-    try:
+    with rlvr_trainer(spec, work / "rlvr-run") as trainer:
+        model = trainer.state.model
         init = {k: v.detach().clone() for k, v in model.state_dict().items()}
         batches, steps = [], []
         for _ in range(spec["steps"]):
@@ -111,22 +119,15 @@ def rlvr_update(spec: dict, work: Path) -> tuple[dict, list[dict], list[dict], d
             batches.append(_ids(trainer.last_batch))
             steps.append({"reward": m["reward_mean"], "grad_norm": m["grad_norm"], "lr": m["lr"]})
         final = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    finally:
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
     return init, batches, steps, final
 
 
 def rlvr_sample(spec: dict, work: Path) -> list[dict]:
-    trainer = rlvr_trainer(spec, work / "rlvr-run", lr=NEAR_ZERO_LR)
-    try:
-        records = []
+    records = []
+    with rlvr_trainer(spec, work / "rlvr-run", lr=NEAR_ZERO_LR) as trainer:
         for _ in range(spec["steps"]):
             trainer.train_step()
             records.append(_ids(trainer.last_batch))
-    finally:
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
     return records
 
 
@@ -240,31 +241,18 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--part", choices=PARTS, required=True)
-    p.add_argument("--seeds", default="0", help="comma list (default 0)")
     p.add_argument("--steps", type=int, default=None, help="steps per seed (update 3, sample 8)")
-    p.add_argument("--precision", default="auto", choices=("auto", *PRECISIONS))
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--trl-venv", type=Path, default=REPO / "benchmarks" / ".venv-trl")
-    p.add_argument("--no-install", action="store_true", help="fail instead of creating TRL's venv")
+    add_common_args(p, precision="auto", seeds_help="comma list (default 0)")
     args = p.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except ValueError as exc:
-        p.error(str(exc))
     steps = args.steps or (3 if args.part == "update" else 8)
     if steps < 1:
         p.error(f"--steps {steps}: at least 1")
+    resolved = resolve(p, args, "pipeline")
+    if resolved is None:
+        return 2
+    seeds, precision, trl_python = resolved
     from transformers import AutoTokenizer
 
-    from rlvr.training.policy import bf16_supported
-
-    precision, _ = bench_precision(args.precision, bf16_supported("cpu"))
-    try:
-        trl_python = ensure_trl_env(args.trl_venv, install=not args.no_install)
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        print(f"[pipeline] {exc}", file=sys.stderr)
-        return 2
     w = get_workload("target")
     work = Path(tempfile.mkdtemp(prefix="rlvr-pipeline-vs-trl-"))
     model_dir = prepare_model(w.model, work)
@@ -280,12 +268,6 @@ def main(argv: list[str] | None = None) -> int:
         result = one_seed(args.part, spec, seed_dir, trl_python, tokenizer)
         runs.append({"seed": seed, **result})
         print(f"[pipeline] seed {seed}: {json.dumps(result)}", flush=True)
-    version = subprocess.run(
-        [str(trl_python), "-c", "import trl; print(trl.__version__)"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
     payload = {
         "command": "python -m benchmarks.pipeline_vs_trl " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d"),
@@ -293,14 +275,11 @@ def main(argv: list[str] | None = None) -> int:
         "part": args.part,
         "precision": precision,
         "steps": steps,
-        "trl_version": version,
+        "trl_version": trl_version(trl_python),
         "runs": runs,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{payload['date']}-pipeline-vs-trl-{args.part}-{precision}"
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
-    stem.with_suffix(".md").write_text(render(payload))
-    print(render(payload))
+    stem = f"{payload['date']}-pipeline-vs-trl-{args.part}-{precision}"
+    write_results(args.out / stem, payload, render)
     return 0
 
 

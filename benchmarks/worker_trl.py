@@ -73,10 +73,24 @@ def grpo_args(spec: dict):
     )
 
 
+def load_tokenizer_and_model(spec: dict):
+    """The spec's thread count, its model's tokenizer (EOS pads, left padding) and its float32
+    weights, as every TRL side loads them."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(spec["threads"])
+    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok, AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+
+
 def build_trainer(spec: dict, gate: Gate):
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOTrainer
 
     class TimedGRPOTrainer(GRPOTrainer):
@@ -173,12 +187,7 @@ def build_trainer(spec: dict, gate: Gate):
                 control.should_training_stop = True
             return control
 
-    torch.set_num_threads(spec["threads"])
-    tok = AutoTokenizer.from_pretrained(spec["model_dir"])
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    tok, model = load_tokenizer_and_model(spec)
     rows = [r for step in spec["schedule"] for r in step]
     callback = GateCallback()
     trainer = TimedGRPOTrainer(
