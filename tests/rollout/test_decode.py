@@ -10,7 +10,7 @@ import torch
 from vllm_support import base_model, max_abs_diff, trained_copy, trainer_logprobs
 
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.decode import decode, sample_next, truncate_scores
+from rlvr.rollout.decode import decode, distinct_rows, sample_next, truncate_scores
 from rlvr.rollout.hf import HFEngine
 from rlvr.training.tiny import build_char_tokenizer
 
@@ -146,6 +146,50 @@ def test_finished_rows_leave_the_batch(model_tok):
     # pass 0 is the prefill; pass t feeds token t, so it runs the rows longer than t tokens
     want = [len(ids)] + [sum(n > t for n in lengths) for t in range(1, max(lengths))]
     assert counting.rows == want
+
+
+def test_a_groups_prompt_is_prefilled_once(model_tok):
+    """Four samples of each prompt, laid out as the engine lays a group out (and one prompt
+    that is another's with more padding): the prefill runs each distinct prompt once, and the
+    sampled replies and their log-probs are the ones prefilling every row gives."""
+    model, tok = model_tok
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS[:3]]
+    rows = [i for i in ids for _ in range(4)] + [ids[0]]
+    x, mask = _left_padded(rows, tok.pad_token_id)
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=10, seed=7)
+    runs = {}
+    for share in (True, False):
+        counting = CountRows(model)
+        torch.manual_seed(params.seed)
+        with torch.no_grad():
+            replies = decode(
+                counting,
+                x,
+                mask,
+                params,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                share_prefill=share,
+            )
+        runs[share] = counting.rows, replies
+    (shared_rows, shared), (all_rows, every) = runs[True], runs[False]
+    assert shared_rows[0] == 3 and all_rows[0] == len(rows)
+    assert shared_rows[1:] == all_rows[1:]  # the same rows decode after the prefill
+    assert [r.token_ids for r in shared] == [r.token_ids for r in every]
+    assert len({tuple(r.token_ids) for r in shared[:4]}) > 1  # a group's samples differ
+    assert (
+        max_abs_diff([torch.tensor(r.logprobs) for r in every], [r.logprobs for r in shared]) < 1e-5
+    )
+
+
+def test_distinct_rows_maps_every_row_to_its_first_copy():
+    x = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [0, 5, 6], [7, 8, 9]])
+    mask = torch.tensor([[0, 1, 1]] * 2 + [[1, 1, 1], [1, 1, 1], [1, 1, 1]])
+    firsts, copies = distinct_rows(x, mask)
+    # row 3 has row 0's ids but not its mask: a different prompt
+    assert sorted(firsts.tolist()) == [0, 2, 3]
+    assert torch.equal(x[firsts][copies], x) and torch.equal(mask[firsts][copies], mask)
+    assert distinct_rows(x[1:3], mask[1:3]) == (None, None)  # no two rows alike: nothing to share
 
 
 def _passes_and_replies(model, tok, decoder: str):
