@@ -149,9 +149,9 @@ def test_finished_rows_leave_the_batch(model_tok):
 
 
 def test_a_groups_prompt_is_prefilled_once(model_tok):
-    """Four samples of each prompt, laid out as the engine lays a group out (and one prompt
-    that is another's with more padding): the prefill runs each distinct prompt once, and the
-    sampled replies and their log-probs are the ones prefilling every row gives."""
+    """Four samples of each prompt in adjacent rows, as the engine lays a group out, and a
+    fifth copy of the first prompt apart from its group: the prefill runs each distinct prompt
+    once, and the sampled replies and their log-probs are the ones prefilling every row gives."""
     model, tok = model_tok
     ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS[:3]]
     rows = [i for i in ids for _ in range(4)] + [ids[0]]

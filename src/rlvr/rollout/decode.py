@@ -9,8 +9,9 @@ tensor at every step; ``FilledLayer`` writes the new ones into buffers sized for
 And it runs every row until the longest reply ends; here rows that hit EOS or a stop string
 leave the batch with their cache rows. A group's n samples start from one prompt, so the
 prompt is prefilled once and its cache rows copied, not run n times (on the ``target``
-benchmark's 4 prompts x 8 samples the prefill was about a sixth of decoding). The sampled token's log-prob is taken at each step, so no
-``[T, B, V]`` stack of float32 logits is kept for afterwards (0.3 GB for 32 replies of 48 tokens).
+benchmark's 4 prompts x 8 samples the prefill was about a sixth of decoding). The sampled
+token's log-prob is taken at each step, so no ``[T, B, V]`` stack of float32 logits is kept for
+afterwards (0.3 GB for 32 replies of 48 tokens).
 
 Positions follow the attention mask exactly as ``generate`` and the trainer's
 ``build_sequence_batch`` lay them out for left padding, so the log-probs recorded here are the
