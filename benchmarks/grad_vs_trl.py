@@ -18,7 +18,6 @@ import argparse
 import json
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,9 +25,13 @@ import torch
 
 from benchmarks.machine import machine_info
 from benchmarks.runner import REPO, worker_env
-from benchmarks.step import prepare_model
-from benchmarks.vs_trl import add_common_args, resolve, trl_version, write_results
-from benchmarks.workloads import get_workload
+from benchmarks.vs_trl import (
+    add_common_args,
+    resolve,
+    target_model,
+    trl_version,
+    write_results,
+)
 
 
 def compare_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict:
@@ -141,9 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if resolved is None:
         return 2
     seeds, precision, trl_python = resolved
-    w = get_workload("target")
-    work = Path(tempfile.mkdtemp(prefix="rlvr-grad-vs-trl-"))
-    model_dir = prepare_model(w.model, work)
+    w, work, model_dir = target_model("grad")
     runs = []
     for seed in seeds:
         spec = w.worker_spec(

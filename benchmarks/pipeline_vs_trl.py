@@ -29,7 +29,6 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,9 +38,14 @@ import torch
 from benchmarks.grad_vs_trl import compare_grads
 from benchmarks.machine import machine_info
 from benchmarks.runner import REPO, worker_env
-from benchmarks.step import prepare_model
-from benchmarks.vs_trl import add_common_args, resolve, trl_version, write_results
-from benchmarks.workloads import get_workload, step_schedule
+from benchmarks.vs_trl import (
+    add_common_args,
+    resolve,
+    target_model,
+    trl_version,
+    write_results,
+)
+from benchmarks.workloads import step_schedule
 
 PARTS = ("update", "sample")
 # rlvr's config wants lr > 0; this one moves no float32 weight (AdamW's first step is ~lr)
@@ -253,9 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds, precision, trl_python = resolved
     from transformers import AutoTokenizer
 
-    w = get_workload("target")
-    work = Path(tempfile.mkdtemp(prefix="rlvr-pipeline-vs-trl-"))
-    model_dir = prepare_model(w.model, work)
+    w, work, model_dir = target_model("pipeline")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     runs = []
     for seed in seeds:

@@ -7,13 +7,16 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.machine import PRECISIONS, bench_precision
 from benchmarks.runner import REPO
 from benchmarks.seeds import parse_seeds
+from benchmarks.step import prepare_model
 from benchmarks.trl_env import ensure_trl_env
+from benchmarks.workloads import Workload, get_workload
 
 
 def add_common_args(p: argparse.ArgumentParser, *, precision: str, seeds_help: str) -> None:
@@ -43,6 +46,14 @@ def resolve(
         print(f"[{tag}] {exc}", file=sys.stderr)
         return None
     return seeds, precision, trl_python
+
+
+def target_model(tag: str) -> tuple[Workload, Path, Path]:
+    """The ``target`` workload, a fresh work folder (``rlvr-<tag>-vs-trl-*``) and the workload's
+    model converted into it."""
+    w = get_workload("target")
+    work = Path(tempfile.mkdtemp(prefix=f"rlvr-{tag}-vs-trl-"))
+    return w, work, prepare_model(w.model, work)
 
 
 def trl_version(trl_python: Path) -> str:

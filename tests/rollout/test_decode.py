@@ -155,23 +155,11 @@ def test_a_groups_prompt_is_prefilled_once(model_tok):
     model, tok = model_tok
     ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS[:3]]
     rows = [i for i in ids for _ in range(4)] + [ids[0]]
-    x, mask = _left_padded(rows, tok.pad_token_id)
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=10, seed=7)
     runs = {}
     for share in (True, False):
         counting = CountRows(model)
-        torch.manual_seed(params.seed)
-        with torch.no_grad():
-            replies = decode(
-                counting,
-                x,
-                mask,
-                params,
-                eos_token_id=tok.eos_token_id,
-                pad_token_id=tok.pad_token_id,
-                share_prefill=share,
-            )
-        runs[share] = counting.rows, replies
+        runs[share] = counting.rows, _decode_rows(counting, tok, rows, params, share_prefill=share)
     (shared_rows, shared), (all_rows, every) = runs[True], runs[False]
     assert shared_rows[0] == 3 and all_rows[0] == len(rows)
     assert shared_rows[1:] == all_rows[1:]  # the same rows decode after the prefill
@@ -273,21 +261,25 @@ def _rank_decode(rank: int, init: str, model, tok, params, out) -> None:
         dist.destroy_process_group()
 
 
-def _sampled(model, tok, prompts, params, *, synced=False):
-    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
-    x, mask = _left_padded(ids, tok.pad_token_id)
+def _decode_rows(model, tok, rows: list[list[int]], params, **kw):
+    """``decode`` of left-padded token-id rows, seeded with ``params.seed``."""
+    x, mask = _left_padded(rows, tok.pad_token_id)
     torch.manual_seed(params.seed)
     with torch.no_grad():
-        replies = decode(
+        return decode(
             model,
             x,
             mask,
             params,
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
-            synced=synced,
+            **kw,
         )
-    return [r.token_ids for r in replies]
+
+
+def _sampled(model, tok, prompts, params, *, synced=False):
+    ids = [tok(p, add_special_tokens=False).input_ids for p in prompts]
+    return [r.token_ids for r in _decode_rows(model, tok, ids, params, synced=synced)]
 
 
 def test_synced_processes_run_together_and_sample_what_one_process_does(model_tok, tmp_path):

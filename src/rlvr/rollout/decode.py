@@ -161,19 +161,20 @@ def decode(
     cache = filled_cache(model, input_ids.shape[1] + params.max_new_tokens)
     # the n samples of a prompt share it: run each distinct prompt once and copy its cache rows
     firsts, copies = distinct_rows(input_ids, mask) if share_prefill else (None, None)
-    pick = (lambda t: t) if firsts is None else (lambda t: t[firsts.to(device)])
+    run = slice(None) if firsts is None else firsts.to(device)
     out = model(
-        input_ids=pick(input_ids),
-        attention_mask=pick(mask),
-        position_ids=pick(positions),
+        input_ids=input_ids[run],
+        attention_mask=mask[run],
+        position_ids=positions[run],
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     )
     prefill_logits = out.logits[:, -1, :]
     if copies is not None:
-        cache.batch_select_indices(copies.to(device))
-        prefill_logits = prefill_logits[copies.to(device)]
+        copies = copies.to(device)
+        cache.batch_select_indices(copies)
+        prefill_logits = prefill_logits[copies]
     last = positions[:, -1:]
     suppress_ids = torch.tensor(suppress, device=device) if suppress else None
     truncated = bool(params.top_k) or params.top_p < 1.0
