@@ -228,6 +228,12 @@ class AlgoConfig(Section):
         description="Most padded positions (rows x longest prompt+completion) per forward/backward "
         "pass; caps activation memory when lengths vary. None: micro_batch_size alone.",
     )
+    share_prompt: bool = Field(
+        True,
+        description="Run a prompt once per micro-batch for all the samples that share it (the "
+        "same logits and gradient up to rounding; about half the positions of an update with "
+        "long prompts). Off under gradient checkpointing and for vision inputs.",
+    )
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(
         0.2, ge=0.0, description="Set above clip_low for clip-higher (e.g. 0.28)."

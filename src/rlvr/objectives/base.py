@@ -118,14 +118,18 @@ class Objective:
 
     def micro_batches(self, indices: list[int], batch: RolloutBatch) -> list[list[int]]:
         """How the sequences ``indices`` of one minibatch are cut into forward/backward passes:
-        by default grouped by length (less padding: README, "Performance")."""
+        by default grouped by length (less padding: README, "Performance"), or by prompt where
+        running each prompt once (``algo.share_prompt``) makes that cheaper."""
         a = self.cfg.algo
+        g = batch.group_size
+        shared = a.share_prompt and batch.vision is None  # vision inputs run whole
         return length_micro_batches(
             indices,
             [len(p) for p in batch.seq_prompt_ids],
             [len(c) for c in batch.comp_ids],
             a.micro_batch_size,
             a.micro_batch_tokens,
+            prompt_keys=[i // g for i in range(batch.size)] if shared else None,
         )
 
     def active_groups(self, batch: RolloutBatch, indices: list[int]) -> int:

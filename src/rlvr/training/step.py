@@ -285,7 +285,9 @@ class Step:
         engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
         with torch.no_grad():
             for idx in self.objective.micro_batches(list(range(n)), batch):
-                sb = batch.sequence_batch(idx, pad, self.image_token_id)
+                sb = batch.sequence_batch(
+                    idx, pad, self.image_token_id, share_prompt=self.cfg.algo.share_prompt
+                )
                 with self.autocast():
                     out = self.objective.forward(self.state.model, sb)
                 lp, _ = logprobs_and_entropy(

@@ -72,7 +72,9 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
             opt.zero_grad(set_to_none=True)
             first = len(stats)  # this minibatch's micro-batch statistics start here
             for idx in objective.micro_batches(mb, batch):
-                sb = batch.sequence_batch(idx, env.pad_id, env.image_token_id)
+                sb = batch.sequence_batch(
+                    idx, env.pad_id, env.image_token_id, share_prompt=a.share_prompt
+                )
                 with env.autocast():
                     out = objective.forward(env.train_model, sb)
                 logp, ent = logprobs_and_entropy(

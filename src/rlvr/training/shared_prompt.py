@@ -1,0 +1,109 @@
+"""A forward pass that runs each distinct prompt of a micro-batch once.
+
+The samples of a group share their prompt, and in a causal model a prompt's hidden states do not
+depend on what follows it: running the prompt once per sample repeats the same arithmetic. Here
+the prompts' tokens but the last run once per distinct prompt into a key/value cache, the cache
+rows are copied to the samples that share them (an indexing autograd sums back over), and the
+samples run their last prompt token and their completion against it. The logits, and the
+gradient through the cache, are the full pass's up to summation order. On the ``target``
+benchmark (49-token prompts, replies of ~20-40 tokens, 8 samples a prompt) that is about half
+the positions of an update.
+
+Not used under gradient checkpointing (transformers then drops the cache:
+``GradientCheckpointingLayer``), with FSDP2 or DDP (``can_share_prompt``), nor for vision inputs or a
+critic's hidden states: ``completion_outputs`` runs the full pass then.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
+from rlvr.rollout.decode import distinct_rows
+
+
+def shared_prompt_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(firsts, copies)`` of the rows' prompts (the first ``prompt_len`` columns, left-padded)
+    as ``distinct_rows`` gives them; ``(None, None)`` when no two rows share a prompt or the
+    prompts are one token long (nothing before the last token to share)."""
+    if prompt_len < 2:
+        return None, None
+    return distinct_rows(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+
+
+def can_share_prompt(model: torch.nn.Module) -> bool:
+    """False where transformers would drop the cache the shared pass builds (a layer that
+    checkpoints its activations in training), and under FSDP2 or DDP, which expect one forward
+    per backward (FSDP2 frees the gathered weights the first pass's backward needs). Asked of
+    every module, whatever wraps the model (LoRA, FSDP, DDP)."""
+    return not any(
+        isinstance(m, (FSDPModule, DistributedDataParallel))
+        or (m.training and getattr(m, "gradient_checkpointing", False) is True)
+        for m in model.modules()
+    )
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    prompt_len: int,
+    firsts: torch.Tensor,
+    copies: torch.Tensor,
+) -> torch.Tensor:
+    """Logits ``[B, Tc, V]`` predicting each completion token of left-padded prompts (``prompt_len``
+    columns) followed by right-padded completions (``Tc`` columns), the prompts run once per
+    distinct row ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``)."""
+    device = input_ids.device
+    firsts, copies = firsts.to(device), copies.to(device)
+    head = prompt_len - 1  # the last prompt token runs with the completion: it predicts token 0
+    # one embedding lookup for both passes: one (dense, vocabulary-sized) embedding gradient
+    embeds = model.get_input_embeddings()(input_ids)
+    cache = DynamicCache(config=model.config)
+    prompt_pass = dict(
+        inputs_embeds=embeds[firsts, :head],
+        attention_mask=attention_mask[firsts, :head],
+        position_ids=position_ids[firsts, :head],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    # the prompt's logits are never used: its pass stops before the LM head where it can
+    decoder = model.get_decoder()
+    if decoder is model:
+        model(**prompt_pass, logits_to_keep=1)  # 1: the fewest transformers allows
+    else:
+        decoder(**prompt_pass)
+    _copy_rows(cache, copies, len(firsts))
+    tc = input_ids.shape[1] - prompt_len
+    out = model(
+        inputs_embeds=embeds[:, head:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, head:-1],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=tc,
+    )
+    return out.logits
+
+
+def _copy_rows(cache: DynamicCache, copies: torch.Tensor, n_prompts: int) -> None:
+    """Row ``i`` of every cache layer becomes distinct prompt ``copies[i]``'s. The copy is a
+    float32 matmul by a one-hot ``[B, prompts]`` matrix, exact in the forward; its backward sums
+    each prompt's key/value gradients over its samples in one float32 matmul (indexing would sum
+    them with a slow scatter-add, and in bf16 under autocast, rounding at every add)."""
+    pick = F.one_hot(copies, n_prompts).float()  # [B, prompts]
+    with torch.autocast(copies.device.type, enabled=False):
+        for layer in cache.layers:
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+                layer.batch_select_indices(copies)  # a layer with more per-row state
+                continue
+            for name in ("keys", "values"):
+                x = getattr(layer, name)
+                rows = pick @ x.float().flatten(1)
+                setattr(layer, name, rows.view(len(copies), *x.shape[1:]).to(x.dtype))

@@ -1,0 +1,139 @@
+"""Running each distinct prompt of a micro-batch once: the same log-probs and gradient as the
+whole pass, fewer positions through the model, and the same update in a real training step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train_e2e import tiny_config
+
+from rlvr.training.grouped_attention import GROUPED_EAGER
+from rlvr.training.policy import build_sequence_batch, sequence_logprobs
+from rlvr.training.shared_prompt import shared_prompt_rows
+from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
+
+
+def record_positions(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """The ``[rows, positions]`` shape of every pass through ``model``'s first decoder layer
+    from now on."""
+    seen: list[tuple[int, int]] = []
+
+    def note(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        seen.append(tuple(hidden.shape[:2]))
+
+    model.get_decoder().layers[0].register_forward_pre_hook(note, with_kwargs=True)
+    return seen
+
+
+def rows_of_two_prompts(tok):
+    """Five rows: prompt A (7 tokens) three times, prompt B (4 tokens) twice, with completions
+    of 3, 0, 5, 1 and 2 tokens (an empty one and a one-token one among them)."""
+    a, b = tok("Sum 2+2").input_ids, tok("Hi!!").input_ids
+    prompts = [a, a, b, a, b]
+    comps = [tok(s).input_ids if s else [] for s in ("4!!", "", "hello", "x", "ok")]
+    return prompts, comps
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER])
+def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention):
+    tok = build_char_tokenizer()
+    prompts, comps = rows_of_two_prompts(tok)
+    assert (len(prompts[0]), len(prompts[2])) == (7, 4)
+    grads, logps = {}, {}
+    for share in (False, True):
+        model = build_tiny_model(tok, seed=3).train()
+        model.set_attn_implementation(attention)
+        seen = record_positions(model)
+        sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=share)
+        lp, _ = sequence_logprobs(model, sb, temperature=0.7)
+        (lp * sb.completion_mask).sum().backward()
+        grads[share] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        logps[share] = lp.detach()
+        if share:
+            assert len(sb.prompt_firsts) == 2  # A and B
+            prompts_part = sb.input_ids[:, :7]
+            assert prompts_part[sb.prompt_firsts][sb.prompt_copies].equal(prompts_part)
+            # the prompts but their last token once each, then every row from its last prompt token
+            assert seen == [(2, 6), (5, 5)]
+        else:
+            assert sb.prompt_firsts is None
+            assert seen == [(5, 7 + 5)]
+    mask = build_sequence_batch(prompts, comps, tok.pad_token_id).completion_mask.bool()
+    # each completion token against a forward over its sequence alone, no padding
+    model = build_tiny_model(tok, seed=3).eval()
+    for i, (p, c) in enumerate(zip(prompts, comps, strict=True)):
+        if not c:
+            continue
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + c])).logits[0] / 0.7
+        naive = F.log_softmax(logits, -1)[len(p) - 1 : len(p) + len(c) - 1]
+        naive = naive.gather(-1, torch.tensor(c).unsqueeze(-1)).squeeze(-1)
+        torch.testing.assert_close(logps[True][i, : len(c)], naive, atol=2e-5, rtol=0)
+    torch.testing.assert_close(logps[True][mask], logps[False][mask], atol=2e-5, rtol=0)
+    assert grads[False].norm() > 0
+    assert (grads[True] - grads[False]).norm() / grads[False].norm() < 1e-5
+
+
+def test_gradient_checkpointing_runs_every_row_whole():
+    """transformers drops the cache under gradient checkpointing: the pass must not rely on it."""
+    tok = build_char_tokenizer()
+    prompts, comps = rows_of_two_prompts(tok)
+    model = build_tiny_model(tok, seed=3).train()
+    model.gradient_checkpointing_enable()
+    seen = record_positions(model)
+    sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=True)
+    assert sb.prompt_firsts is not None
+    lp, _ = sequence_logprobs(model, sb)
+    (lp * sb.completion_mask).sum().backward()
+    assert seen[0] == (5, 12)  # one whole pass (the backward recomputes it: more of the same)
+    assert all(s == (5, 12) for s in seen)
+
+
+def test_nothing_is_shared_without_a_repeat_or_before_a_one_token_prompt():
+    ids = torch.tensor([[1, 2, 9], [3, 4, 9], [5, 6, 8]])
+    mask = torch.ones_like(ids)
+    assert shared_prompt_rows(ids, mask, 2) == (None, None)  # prompts [1, 2], [3, 4], [5, 6]
+    ids[2, :2] = torch.tensor([1, 2])  # row 2 now repeats row 0's prompt (not its completion)
+    firsts, copies = shared_prompt_rows(ids, mask, 2)
+    assert firsts.tolist() == [0, 1] and copies.tolist() == [0, 1, 0]
+    assert shared_prompt_rows(ids, mask, 1) == (None, None)  # one token: nothing before it
+
+
+def test_a_training_step_is_the_same_with_shared_prompts(tiny_model_dir, tmp_path):
+    """One Dr.GRPO step with and without ``algo.share_prompt`` (float32, same rollouts): the
+    weights after the update agree to rounding, and the shared run put fewer positions through
+    the model."""
+    from rlvr.training.trainer import Trainer
+
+    weights, positions = {}, {}
+    for share in (False, True):
+        torch.manual_seed(0)
+        cfg = tiny_config(
+            tiny_model_dir,
+            tmp_path / str(share),
+            "algo.group_size=4",
+            "algo.prompts_per_step=4",
+            "algo.micro_batch_size=4",
+            f"algo.share_prompt={str(share).lower()}",
+            "model.autocast=off",
+            "train.lr=1e-2",
+            "train.max_steps=1",
+            "train.threads=1",
+            "eval.before_after=false",
+        )
+        trainer = Trainer(cfg)
+        seen = record_positions(trainer.model)
+        metrics = trainer.train_step()
+        assert metrics["grad_norm"] > 0
+        weights[share] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        # every forward pass of the step (the decoding ones alike in both runs)
+        positions[share] = sum(r * t for r, t in seen)
+        trainer.engine.close()
+        trainer.ctx.rewards.close()
+    for k, v in weights[False].items():
+        # Adam's first step moves each weight by ~lr = 1e-2 whatever its gradient's size: a
+        # weight whose gradient is ~0 can differ by rounding, a wrong token by ~1e-2
+        torch.testing.assert_close(weights[True][k], v, rtol=0, atol=1e-4, msg=k)
+    assert 0 < positions[True] < positions[False]
