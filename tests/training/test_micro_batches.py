@@ -58,6 +58,40 @@ def test_every_sequence_once_and_every_limit_kept(lens, size, budget):
     assert firsts == sorted(firsts)
 
 
+def test_with_shared_prompts_a_prompts_sequences_stay_together_where_that_is_cheaper():
+    # two prompts of 10 tokens (keys 0, 0, 1, 1), completions 1, 9, 2, 10, two per pass.
+    # by length: [[0, 2], [1, 3]] = (2 prompts x 10 + 2 x 2) + (2 x 10 + 2 x 10) = 24 + 40 = 64
+    # by prompt: [[0, 1], [2, 3]] = (1 x 10 + 2 x 9) + (1 x 10 + 2 x 10) = 28 + 30 = 58: kept
+    args = ([0, 1, 2, 3], [10] * 4, [1, 9, 2, 10], 2)
+    assert length_micro_batches(*args) == [[0, 2], [1, 3]]
+    assert length_micro_batches(*args, prompt_keys=[0, 0, 1, 1]) == [[0, 1], [2, 3]]
+
+
+def test_with_shared_prompts_sorting_by_length_still_wins_where_it_is_cheaper():
+    # prompts of 2 tokens, completions 1, 30, 2, 31: by length (2 x 2 + 2 x 2) + (2 x 2 + 2 x 31)
+    # = 74; by prompt (2 + 2 x 30) + (2 + 2 x 31) = 126
+    args = ([0, 1, 2, 3], [2] * 4, [1, 30, 2, 31], 2)
+    assert length_micro_batches(*args, prompt_keys=[0, 0, 1, 1]) == [[0, 2], [1, 3]]
+
+
+@given(
+    lens=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 80)), min_size=1, max_size=40),
+    size=st.integers(1, 9),
+    budget=st.one_of(st.none(), st.integers(1, 400)),
+    group=st.integers(1, 8),
+)
+def test_with_shared_prompts_every_sequence_once_and_every_limit_kept(lens, size, budget, group):
+    keys = [i // group for i in range(len(lens))]
+    prompts = [lens[k * group][0] for k in keys]  # a prompt's sequences share its length
+    comps = [c for _, c in lens]
+    out = length_micro_batches(list(range(len(lens))), prompts, comps, size, budget, keys)
+    assert sorted(i for mb in out for i in mb) == list(range(len(lens)))
+    for mb in out:
+        assert 1 <= len(mb) <= size
+        padded = len(mb) * (max(prompts[i] for i in mb) + max(comps[i] for i in mb))
+        assert budget is None or len(mb) == 1 or padded <= budget
+
+
 @pytest.mark.parametrize(
     "objective, extra",
     [

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from test_train_e2e import tiny_config
 
 from rlvr.training.grouped_attention import GROUPED_EAGER
-from rlvr.training.policy import build_sequence_batch, sequence_logprobs
+from rlvr.training.policy import build_sequence_batch, completion_outputs, sequence_logprobs
 from rlvr.training.shared_prompt import shared_prompt_rows
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
@@ -74,6 +74,23 @@ def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention)
     torch.testing.assert_close(logps[True][mask], logps[False][mask], atol=2e-5, rtol=0)
     assert grads[False].norm() > 0
     assert (grads[True] - grads[False]).norm() / grads[False].norm() < 1e-5
+
+
+def test_a_critics_hidden_states_are_the_whole_passes():
+    """PPO's value head reads the last hidden state at every completion position."""
+    tok = build_char_tokenizer()
+    prompts, comps = rows_of_two_prompts(tok)
+    out, seen = {}, {}
+    for share in (False, True):
+        model = build_tiny_model(tok, seed=3).train()
+        seen[share] = record_positions(model)
+        sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=share)
+        out[share] = completion_outputs(model, sb, hidden_states=True)
+    assert seen[True] == [(2, 6), (5, 5)] and seen[False] == [(5, 12)]
+    mask = sb.completion_mask.bool()
+    for full, shared in zip(out[False], out[True], strict=True):
+        assert shared.shape == full.shape
+        torch.testing.assert_close(shared[mask], full[mask], atol=2e-5, rtol=0)
 
 
 def test_gradient_checkpointing_runs_every_row_whole():

@@ -231,8 +231,9 @@ class AlgoConfig(Section):
     share_prompt: bool = Field(
         True,
         description="Run a prompt once per micro-batch for all the samples that share it (the "
-        "same logits and gradient up to rounding; about half the positions of an update with "
-        "long prompts). Off under gradient checkpointing and for vision inputs.",
+        "same logits and gradient up to rounding; fewer positions through the model, most with "
+        "long prompts and short replies). The whole pass runs anyway under gradient "
+        "checkpointing, FSDP2/DDP and for vision inputs (training/shared_prompt.py).",
     )
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from rlvr.data.multimodal import check_image_tokens
 from rlvr.training.shared_prompt import (
     can_share_prompt,
-    shared_prompt_logits,
+    shared_prompt_outputs,
     shared_prompt_rows,
 )
 
@@ -383,12 +383,12 @@ def completion_outputs(
 
     Only the last ``Tc + 1`` positions are projected to the vocabulary (``logits_to_keep``); the
     final position predicts past the sequence end and is dropped. Rows that share a prompt
-    (``batch.prompt_firsts``) run it once, unless hidden states are asked for or the model
-    checkpoints its activations (``training/shared_prompt.py``).
+    (``batch.prompt_firsts``) run it once, unless the model checkpoints its activations or is
+    wrapped for FSDP2/DDP (``training/shared_prompt.py``).
     """
     tc = batch.completion_len
-    if batch.prompt_firsts is not None and not hidden_states and can_share_prompt(model):
-        logits = shared_prompt_logits(
+    if batch.prompt_firsts is not None and can_share_prompt(model):
+        return shared_prompt_outputs(
             model,
             batch.input_ids,
             batch.attention_mask,
@@ -396,8 +396,8 @@ def completion_outputs(
             batch.prompt_len,
             batch.prompt_firsts,
             batch.prompt_copies,
+            hidden_states=hidden_states,
         )
-        return logits, None
     # A VLM computes its multimodal positions from the ids, the mask and the image grids.
     positions = {"position_ids": batch.position_ids} if not batch.vision else batch.vision
     out = model(

@@ -3,15 +3,16 @@
 The samples of a group share their prompt, and in a causal model a prompt's hidden states do not
 depend on what follows it: running the prompt once per sample repeats the same arithmetic. Here
 the prompts' tokens but the last run once per distinct prompt into a key/value cache, the cache
-rows are copied to the samples that share them (an indexing autograd sums back over), and the
-samples run their last prompt token and their completion against it. The logits, and the
-gradient through the cache, are the full pass's up to summation order. On the ``target``
-benchmark (49-token prompts, replies of ~20-40 tokens, 8 samples a prompt) that is about half
-the positions of an update.
+rows are copied to the samples that share them (a matmul whose backward sums over the copies),
+and the samples run their last prompt token and their completion against it. The logits, the
+last hidden states (a critic's input) and the gradient through the cache are the full pass's up
+to summation order. On the ``target`` benchmark (49-token prompts, 8 samples a prompt, replies
+of ~10-48 tokens padded to their micro-batch's longest) the update's forward and backward put
+about 30% fewer positions through the model.
 
 Not used under gradient checkpointing (transformers then drops the cache:
-``GradientCheckpointingLayer``), with FSDP2 or DDP (``can_share_prompt``), nor for vision inputs or a
-critic's hidden states: ``completion_outputs`` runs the full pass then.
+``GradientCheckpointingLayer``), with FSDP2 or DDP (``can_share_prompt``), nor for vision
+inputs: ``completion_outputs`` runs the full pass then.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def can_share_prompt(model: torch.nn.Module) -> bool:
     )
 
 
-def shared_prompt_logits(
+def shared_prompt_outputs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -56,10 +57,14 @@ def shared_prompt_logits(
     prompt_len: int,
     firsts: torch.Tensor,
     copies: torch.Tensor,
-) -> torch.Tensor:
+    *,
+    hidden_states: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits ``[B, Tc, V]`` predicting each completion token of left-padded prompts (``prompt_len``
     columns) followed by right-padded completions (``Tc`` columns), the prompts run once per
-    distinct row ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``)."""
+    distinct row ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``).
+    With ``hidden_states``, also the last layer's hidden states at the same positions
+    ``[B, Tc, H]``, else None."""
     device = input_ids.device
     firsts, copies = firsts.to(device), copies.to(device)
     head = prompt_len - 1  # the last prompt token runs with the completion: it predicts token 0
@@ -88,8 +93,9 @@ def shared_prompt_logits(
         past_key_values=cache,
         use_cache=True,
         logits_to_keep=tc,
+        output_hidden_states=hidden_states,
     )
-    return out.logits
+    return out.logits, (out.hidden_states[-1] if hidden_states else None)
 
 
 def _copy_rows(cache: DynamicCache, copies: torch.Tensor, n_prompts: int) -> None:
