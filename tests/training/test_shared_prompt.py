@@ -154,3 +154,29 @@ def test_a_training_step_is_the_same_with_shared_prompts(tiny_model_dir, tmp_pat
         # weight whose gradient is ~0 can differ by rounding, a wrong token by ~1e-2
         torch.testing.assert_close(weights[True][k], v, rtol=0, atol=1e-4, msg=k)
     assert 0 < positions[True] < positions[False]
+
+
+def test_a_vision_language_model_shares_a_text_prompt(tiny_vlm_dir):
+    """Text-only prompts on a VLM (Qwen2-VL's classes) take the shared pass, with the whole
+    pass's log-probs and gradient."""
+    from transformers import AutoModelForImageTextToText
+
+    from rlvr.training.vlm import load_processor
+
+    tok = load_processor(tiny_vlm_dir).tokenizer
+    prompts, comps = rows_of_two_prompts(tok)
+    grads, logps, seen = {}, {}, {}
+    for share in (False, True):
+        model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir).train()
+        seen[share] = record_positions(model)
+        sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=share)
+        lp, _ = sequence_logprobs(model, sb)
+        (lp * sb.completion_mask).sum().backward()
+        grads[share] = torch.cat(
+            [p.grad.flatten() for p in model.parameters() if p.grad is not None]
+        )
+        logps[share] = lp.detach()
+    assert len(seen[True]) == 2 and len(seen[False]) == 1  # the prompt pass, then the rows
+    mask = sb.completion_mask.bool()
+    torch.testing.assert_close(logps[True][mask], logps[False][mask], atol=2e-5, rtol=0)
+    assert (grads[True] - grads[False]).norm() / grads[False].norm() < 1e-5

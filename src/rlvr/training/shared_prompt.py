@@ -100,9 +100,10 @@ def shared_prompt_outputs(
 
 def _copy_rows(cache: DynamicCache, copies: torch.Tensor, n_prompts: int) -> None:
     """Row ``i`` of every cache layer becomes distinct prompt ``copies[i]``'s. The copy is a
-    float32 matmul by a one-hot ``[B, prompts]`` matrix, exact in the forward; its backward sums
-    each prompt's key/value gradients over its samples in one float32 matmul (indexing would sum
-    them with a slow scatter-add, and in bf16 under autocast, rounding at every add)."""
+    float32 matmul by a one-hot ``[B, prompts]`` matrix, exact in the forward (for finite keys);
+    its backward sums each prompt's key/value gradients over its samples in one float32 matmul
+    (indexing would sum them with a slow scatter-add, and in bf16 under autocast, rounding at
+    every add)."""
     pick = F.one_hot(copies, n_prompts).float()  # [B, prompts]
     with torch.autocast(copies.device.type, enabled=False):
         for layer in cache.layers:
