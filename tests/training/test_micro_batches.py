@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_train_e2e import tiny_config
+from test_train_e2e import one_float32_step
 
 from rlvr.training.batching import length_micro_batches
 
@@ -114,30 +114,17 @@ def test_update_does_not_depend_on_how_sequences_are_grouped(
             "algo.micro_batch_tokens=30",
         ],
     }.items():
-        torch.manual_seed(0)
-        cfg = tiny_config(
+        metrics, weights[name], _ = one_float32_step(
             tiny_model_dir,
             tmp_path / name,
             f"algo.objective={objective}",
             "algo.group_size=4",
             "algo.prompts_per_step=4",
-            "model.autocast=off",
-            "train.lr=1e-2",
-            "train.max_steps=1",
-            "train.threads=1",
-            "eval.before_after=false",
             *extra,
             *micro,
         )
-        from rlvr.training.trainer import Trainer
-
-        trainer = Trainer(cfg)
-        metrics = trainer.train_step()
         assert metrics["grad_norm"] > 0  # the rewards varied, so the update moved the weights
         grad_norms[name] = metrics["grad_norm"]
-        weights[name] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
     for k, v in weights["one_pass"].items():
         # Adam's first step moves each weight by ~lr = 1e-2 whatever the gradient's size, so a
         # weight whose gradient is ~0 can differ by rounding; a grouping bug moves it by ~1e-2.
@@ -152,8 +139,7 @@ def test_listwise_weights_follow_their_group_whatever_the_cut(tiny_model_dir, tm
     with group 1's weights.)"""
     weights, metrics = {}, {}
     for name, size in {"one_group": 4, "two_groups": 8}.items():
-        torch.manual_seed(0)
-        cfg = tiny_config(
+        metrics[name], weights[name], _ = one_float32_step(
             tiny_model_dir,
             tmp_path / name,
             "algo.objective=maxent_listwise",
@@ -162,19 +148,7 @@ def test_listwise_weights_follow_their_group_whatever_the_cut(tiny_model_dir, tm
             "algo.minibatches=2",
             f"algo.micro_batch_size={size}",
             "algo.maxent.skip_zero_variance_groups=false",
-            "model.autocast=off",
-            "train.lr=1e-2",
-            "train.max_steps=1",
-            "train.threads=1",
-            "eval.before_after=false",
         )
-        from rlvr.training.trainer import Trainer
-
-        trainer = Trainer(cfg)
-        metrics[name] = trainer.train_step()
-        weights[name] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
     assert metrics["one_group"]["reward_std"] > 0  # the listwise weights are not all uniform
     assert metrics["two_groups"]["maxent_listwise_loss"] == pytest.approx(
         metrics["one_group"]["maxent_listwise_loss"], rel=1e-5

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train_e2e import tiny_config
+from test_train_e2e import one_float32_step
 
 from rlvr.training.grouped_attention import GROUPED_EAGER
 from rlvr.training.policy import build_sequence_batch, completion_outputs, sequence_logprobs
@@ -122,33 +122,20 @@ def test_a_training_step_is_the_same_with_shared_prompts(tiny_model_dir, tmp_pat
     """One Dr.GRPO step with and without ``algo.share_prompt`` (float32, same rollouts): the
     weights after the update agree to rounding, and the shared run put fewer positions through
     the model."""
-    from rlvr.training.trainer import Trainer
-
     weights, positions = {}, {}
     for share in (False, True):
-        torch.manual_seed(0)
-        cfg = tiny_config(
+        metrics, weights[share], seen = one_float32_step(
             tiny_model_dir,
             tmp_path / str(share),
             "algo.group_size=4",
             "algo.prompts_per_step=4",
             "algo.micro_batch_size=4",
             f"algo.share_prompt={str(share).lower()}",
-            "model.autocast=off",
-            "train.lr=1e-2",
-            "train.max_steps=1",
-            "train.threads=1",
-            "eval.before_after=false",
+            before=lambda trainer: record_positions(trainer.model),
         )
-        trainer = Trainer(cfg)
-        seen = record_positions(trainer.model)
-        metrics = trainer.train_step()
         assert metrics["grad_norm"] > 0
-        weights[share] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         # every forward pass of the step (the decoding ones alike in both runs)
         positions[share] = sum(r * t for r, t in seen)
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
     for k, v in weights[False].items():
         # Adam's first step moves each weight by ~lr = 1e-2 whatever its gradient's size: a
         # weight whose gradient is ~0 can differ by rounding, a wrong token by ~1e-2

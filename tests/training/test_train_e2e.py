@@ -73,6 +73,34 @@ def tiny_config(model_dir: Path, out: Path, *overrides: str):
     )
 
 
+def one_float32_step(model_dir: Path, out: Path, *overrides: str, before=None):
+    """One float32 step of the tiny model (seed 0, lr 1e-2, one thread, no evals): its metrics,
+    the weights after it, and what ``before(trainer)`` returned (called before the step)."""
+    import torch
+
+    torch.manual_seed(0)
+    trainer = Trainer(
+        tiny_config(
+            model_dir,
+            out,
+            "model.autocast=off",
+            "train.lr=1e-2",
+            "train.max_steps=1",
+            "train.threads=1",
+            "eval.before_after=false",
+            *overrides,
+        )
+    )
+    try:
+        watched = before(trainer) if before is not None else None
+        metrics = trainer.train_step()
+        weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        trainer.engine.close()
+        trainer.ctx.rewards.close()
+    return metrics, weights, watched
+
+
 def read_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
