@@ -2,6 +2,7 @@
 
     python -m benchmarks.rollout_engines                      # default model, 32 prompts x 8 x 48
     python -m benchmarks.rollout_engines --prompts 8 --repeats 3 --model /path/to/hf/folder
+    python -m benchmarks.rollout_engines --prompts 4 --repeats 9 --vllm-compiled  # + compiled vLLM
 
 Both engines are built the way ``rlvr train`` builds them (``build_engine`` with
 ``rollout.engine=hf`` / ``vllm``): float32 master weights, bf16 autocast for transformers where the
@@ -10,6 +11,10 @@ warm-up call, then ``--repeats`` timed calls on the same prompts (arithmetic-tas
 the chat template) with the same sampling parameters. Tokens/s counts generated tokens (EOS
 included) over wall time. The load average before and after is printed: on a shared machine the
 absolute numbers are noise, the ratio less so. Needs vLLM (``make setup-vllm``).
+
+``--vllm-compiled`` adds a third engine, vLLM with ``rollout.enforce_eager=false`` (torch.compile
+of the model; rlvr's default is eager), and prints its start-up and tokens/s against eager vLLM's:
+what a run gains per step against what it pays once at start.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import time
 from benchmarks.machine import load_average
 
 
-def _config(args, engine: str):
+def _config(args, engine: str, *, eager: bool = True):
     from rlvr.config import load_config
 
     return load_config(
@@ -34,6 +39,7 @@ def _config(args, engine: str):
             f"rollout.batch_size={args.hf_batch_size}",
             f"data.max_prompt_tokens={args.max_prompt_tokens}",
             f"train.seed={args.seed}",
+            f"rollout.enforce_eager={str(eager).lower()}",
         ],
     )
 
@@ -73,6 +79,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=1, help="timed calls per engine")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--vllm-compiled",
+        action="store_true",
+        help="also time vLLM with rollout.enforce_eager=false (torch.compile; slower start-up)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -98,16 +109,19 @@ def main(argv: list[str] | None = None) -> None:
     results["hf"]["dtype"] = "bf16 autocast" if autocast else "float32"
     hf.close()
 
-    t0 = time.perf_counter()
-    vllm = build_engine(_config(args, "vllm"), model, tok, autocast)
-    start_s = time.perf_counter() - t0
-    try:
-        results["vllm"] = _time_engine(vllm, prompts, params, args.repeats)
-        results["vllm"]["dtype"] = str(vllm.dtype).removeprefix("torch.")
-        vllm.load_weights(model.state_dict().items())
-        sync = vllm.last_sync_stats
-    finally:
-        vllm.close()
+    arms = {"vllm": True, "vllm-compiled": False} if args.vllm_compiled else {"vllm": True}
+    for name, eager in arms.items():
+        t0 = time.perf_counter()
+        vllm = build_engine(_config(args, "vllm", eager=eager), model, tok, autocast)
+        start_s = time.perf_counter() - t0
+        try:
+            results[name] = _time_engine(vllm, prompts, params, args.repeats)
+            results[name]["dtype"] = str(vllm.dtype).removeprefix("torch.")
+            results[name]["startup_s"] = start_s
+            vllm.load_weights(model.state_dict().items())
+            sync = vllm.last_sync_stats
+        finally:
+            vllm.close()
     load_after = load_average()
 
     print(
@@ -116,20 +130,32 @@ def main(argv: list[str] | None = None) -> None:
         f"{torch.get_num_threads()} torch threads"
     )
     print(f"model: {cfg.model.name_or_path}")
-    print(f"{'engine':<8}{'dtype':<16}{'sequences':>10}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}")
+    print(
+        f"{'engine':<15}{'dtype':<16}{'sequences':>10}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}"
+    )
     for name, r in results.items():
         tps = r["tokens"] / r["seconds"]
         print(
-            f"{name:<8}{r['dtype']:<16}{r['sequences']:>10}{r['tokens']:>9}"
+            f"{name:<15}{r['dtype']:<16}{r['sequences']:>10}{r['tokens']:>9}"
             f"{r['seconds']:>9.1f}{tps:>10.1f}"
         )
-    ratio = (results["vllm"]["tokens"] / results["vllm"]["seconds"]) / (
-        results["hf"]["tokens"] / results["hf"]["seconds"]
-    )
-    print(f"ratio vllm / hf tokens/s: {ratio:.2f}x")
+
+    def rate(name: str) -> float:
+        return results[name]["tokens"] / results[name]["seconds"]
+
+    print(f"ratio vllm / hf tokens/s: {rate('vllm') / rate('hf'):.2f}x")
+    if "vllm-compiled" in results:
+        extra = results["vllm-compiled"]["startup_s"] - results["vllm"]["startup_s"]
+        per_call = (results["vllm"]["seconds"] - results["vllm-compiled"]["seconds"]) / args.repeats
+        print(
+            f"ratio vllm-compiled / vllm tokens/s: {rate('vllm-compiled') / rate('vllm'):.2f}x; "
+            f"start-up {results['vllm-compiled']['startup_s']:.1f} s against "
+            f"{results['vllm']['startup_s']:.1f} s"
+            + (f", paid back after {extra / per_call:.0f} calls" if per_call > 0 else "")
+        )
     print(
-        f"vllm start-up {start_s:.1f} s; full weight sync {sync.bytes / 2**20:.0f} MiB "
-        f"in {sync.buckets} bucket(s), {sync.seconds:.2f} s"
+        f"vllm start-up {results['vllm']['startup_s']:.1f} s; full weight sync "
+        f"{sync.bytes / 2**20:.0f} MiB in {sync.buckets} bucket(s), {sync.seconds:.2f} s"
     )
     print(
         "load average (1/5/15 min) before: "
