@@ -131,19 +131,18 @@ def main(argv: list[str] | None = None) -> None:
         f"{torch.get_num_threads()} torch threads"
     )
     print(f"model: {cfg.model.name_or_path}")
-    print(
-        f"{'engine':<15}{'dtype':<16}{'sequences':>10}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}"
-    )
-    for name, r in results.items():
-        tps = r["tokens"] / r["seconds"]
-        print(
-            f"{name:<15}{r['dtype']:<16}{r['sequences']:>10}{r['tokens']:>9}"
-            f"{r['seconds']:>9.1f}{tps:>10.1f}"
-        )
 
     def rate(name: str) -> float:
         return results[name]["tokens"] / results[name]["seconds"]
 
+    print(
+        f"{'engine':<15}{'dtype':<16}{'sequences':>10}{'tokens':>9}{'seconds':>9}{'tokens/s':>10}"
+    )
+    for name, r in results.items():
+        print(
+            f"{name:<15}{r['dtype']:<16}{r['sequences']:>10}{r['tokens']:>9}"
+            f"{r['seconds']:>9.1f}{rate(name):>10.1f}"
+        )
     print(f"ratio vllm / hf tokens/s: {rate('vllm') / rate('hf'):.2f}x")
     if "vllm-compiled" in results:
         extra = results["vllm-compiled"]["startup_s"] - results["vllm"]["startup_s"]
