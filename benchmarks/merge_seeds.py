@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.report import LABELS, SIDES
+from benchmarks.report import LABELS, NAMES, SIDES
 from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
 
 # what must agree between the files for their runs to be one sample (the workload's own default
@@ -92,11 +92,12 @@ def merge(paths: list[Path]) -> dict:
     }
 
 
-def _peak(src: dict) -> str:
-    peak = src.get("matmul_peak_gflops") or {}
-    bf16 = peak.get("bfloat16")
+def _peak(src: dict, precision: str) -> str:
+    """The matmul peak of the precision the runs trained in, and the memory bandwidth."""
+    torch_name = {v: k for k, v in NAMES.items()}.get(precision, precision)
+    peak = (src.get("matmul_peak_gflops") or {}).get(torch_name)
     bw = src.get("memory_bandwidth_gbs")
-    parts = [f"bf16 {bf16:.0f} GFLOP/s" if bf16 else None, f"{bw:.1f} GB/s" if bw else None]
+    parts = [f"{precision} {peak:.0f} GFLOP/s" if peak else None, f"{bw:.1f} GB/s" if bw else None]
     return ", ".join(p for p in parts if p) or "n/a"
 
 
@@ -129,7 +130,7 @@ def render(merged: dict) -> str:
     for s in merged["sources"]:
         lines.append(
             f"| {s['file']} | {s['date']} {s['time']} | {', '.join(map(str, s['seeds']))} "
-            f"| {', '.join(s['sides'])} | {_peak(s)} | {_load_text(s)} |"
+            f"| {', '.join(s['sides'])} | {_peak(s, merged['precision'])} | {_load_text(s)} |"
         )
     lines += render_over_seeds(merged["over_seeds"], LABELS)
     lines += ["", "Commands:", *[f"- `{s['command']}`" for s in merged["sources"]]]

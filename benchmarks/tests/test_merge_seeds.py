@@ -94,6 +94,14 @@ def test_merged_spreads_by_hand(tmp_path):
     text = merge_seeds.render(merged)
     assert "seeds 0, 1, 2 pooled from 2 runs" in text
     assert "| steps to target | 22 [20-24] | 24 [18-26] | 19 [19-19] |" in text
+    # the peak of the precision trained in: float32 runs (an AVX2-only CPU) show theirs
+    assert "| bf16 415 GFLOP/s, 52.8 GB/s | 1.50 -> 2.00 |" in text
+    fp32 = [copy.deepcopy(A), copy.deepcopy(B)]
+    for payload in fp32:
+        payload["precision"] = "float32"
+        payload["matmul_peak_gflops"] = {"bfloat16": 415.0, "float32": 198.0}
+    paths = [_write(tmp_path, f"fp{i}.json", x) for i, x in enumerate(fp32)]
+    assert "| float32 198 GFLOP/s, 52.8 GB/s |" in merge_seeds.render(merge_seeds.merge(paths))
 
 
 def test_refuses_a_seed_twice_and_different_settings(tmp_path):
