@@ -9,6 +9,7 @@ of every run against its wall time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,6 +43,31 @@ def spread(values: Sequence[float | None]) -> dict:
     else:
         out.update(median=None, min=None, max=None)
     return out
+
+
+def sign_test(ours: Sequence[float | None], peer: Sequence[float | None]) -> dict:
+    """Paired sign test of ``ours`` against ``peer``, seed by seed (lower is better, e.g. steps
+    to target). None (target not reached within the step cap) counts as more than any number;
+    two Nones are a tie. Ties are left out; ``p`` is the exact two-sided binomial p-value of the
+    split between fewer and more under "either side is as likely to need fewer".
+
+    A weak test on purpose: it asks only which side needed fewer steps per seed, so one seed with
+    a long tail cannot decide it.
+    """
+    fewer = more = equal = 0
+    for a, b in zip(ours, peer, strict=True):
+        a_key = math.inf if a is None else float(a)
+        b_key = math.inf if b is None else float(b)
+        if a_key < b_key:
+            fewer += 1
+        elif a_key > b_key:
+            more += 1
+        else:
+            equal += 1
+    n = fewer + more
+    tail = sum(math.comb(n, i) for i in range(min(fewer, more) + 1))
+    p = min(1.0, 2 * tail / 2**n) if n else 1.0
+    return {"fewer": fewer, "equal": equal, "more": more, "p": p}
 
 
 PAIRED = (
@@ -103,6 +129,10 @@ def over_seeds(per_seed: dict[str, dict[str, dict]], peer: str = "trl") -> dict[
                 key: spread([safe_ratio(a.get(field), b.get(field)) for a, b in pairs])
                 for key, field in PAIRED
             }
+            out[side]["steps_sign_test"] = sign_test(
+                [a.get("time_to_target_step") for a, _ in pairs],
+                [b.get("time_to_target_step") for _, b in pairs],
+            )
     return out
 
 
@@ -155,6 +185,16 @@ def render_over_seeds(over: dict[str, dict], labels: dict[str, str]) -> list[str
                 for s in sides
             ]
             lines.append(f"| {name}, ratio to TRL's same-seed run | " + " | ".join(cells) + " |")
+    signs = [(s, over[s]["steps_sign_test"]) for s in sides if "steps_sign_test" in over[s]]
+    if signs:
+        lines.append("")
+    for s, t in signs:
+        lines.append(
+            f"- Steps to target, {labels.get(s, s)} against TRL's same-seed run: fewer in "
+            f"{t['fewer']} seed(s), as many in {t['equal']}, more in {t['more']} (a seed that "
+            f"missed the target counts as more; two-sided sign test over the seeds that differ: "
+            f"p = {t['p']:.2f})."
+        )
     return lines
 
 

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from benchmarks.seeds import over_seeds, parse_seeds, plot_reward_vs_time, render_over_seeds
+from benchmarks.seeds import (
+    over_seeds,
+    parse_seeds,
+    plot_reward_vs_time,
+    render_over_seeds,
+    sign_test,
+)
 
 
 def test_parse_seeds():
@@ -68,6 +74,40 @@ def test_over_seeds_by_hand_and_the_table():
         row
         == "| seconds to target, ratio to TRL's same-seed run | 0.49 [0.38-0.61], 1 not reached |  |"
     )
+    # steps 20 < 26, 24 < never, 22 > 18: fewer in 2, more in 1; p = 2 x (1 + 3) / 2^3, capped at 1
+    assert r["steps_sign_test"] == {"fewer": 2, "equal": 0, "more": 1, "p": 1.0}
+    assert "steps_sign_test" not in t
+    assert lines[-1] == (
+        "- Steps to target, rlvr (transformers) against TRL's same-seed run: fewer in 2 seed(s), "
+        "as many in 0, more in 1 (a seed that missed the target counts as more; two-sided sign "
+        "test over the seeds that differ: p = 1.00)."
+    )
+
+
+def test_sign_test_by_hand():
+    # 9 of 10 seeds fewer: p = 2 x (C(10,0) + C(10,1)) / 2^10 = 22 / 1024
+    assert sign_test([1] * 9 + [5], [2] * 10) == {
+        "fewer": 9,
+        "equal": 0,
+        "more": 1,
+        "p": pytest.approx(22 / 1024),
+    }
+    # ties drop out: 6 fewer, 1 more, 2 equal -> n = 7, p = 2 x (1 + 7) / 2^7 = 0.125
+    ours = [1, 1, 1, 1, 1, 1, 3, 2, 2]
+    peer = [2, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert sign_test(ours, peer) == {"fewer": 6, "equal": 2, "more": 1, "p": pytest.approx(0.125)}
+    # a missed target (None) is more than any number; two misses tie; no differing seed: p = 1
+    assert sign_test([None, None, 4], [30, None, 4]) == {
+        "fewer": 0,
+        "equal": 2,
+        "more": 1,
+        "p": 1.0,
+    }
+    assert sign_test([], []) == {"fewer": 0, "equal": 0, "more": 0, "p": 1.0}
+    # all 8 seeds the other way: p = 2 / 2^8, the same as all 8 fewer
+    assert sign_test([3] * 8, [2] * 8)["p"] == pytest.approx(2 / 256)
+    with pytest.raises(ValueError):
+        sign_test([1, 2], [1])
 
 
 def test_plot_is_a_real_png(tmp_path):
