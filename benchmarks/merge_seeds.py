@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.report import LABELS, NAMES, SIDES
+from benchmarks.report import LABELS, NAMES, SIDES, isa_limits_text
 from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
 
 # what must agree between the files for their runs to be one sample (the workload's own default
@@ -34,7 +34,12 @@ def _load(path: Path) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable results .json ({exc})") from None
     if "per_seed" not in payload:
-        raise ValueError(f"{path}: no per-seed runs (written without --seeds?)")
+        # a one-seed run (`--seed N`, or `--seeds N` before per-seed files) keeps its sides at the
+        # top level: it is that seed's entry
+        sides, seed = payload.get("sides"), payload.get("seed")
+        if not isinstance(sides, dict) or seed is None:
+            raise ValueError(f"{path}: no per-seed runs and no one-seed run (not a step result?)")
+        payload["per_seed"] = {str(seed): sides}
     return payload
 
 
@@ -114,7 +119,8 @@ def render(merged: dict) -> str:
         f"# Benchmark `{w['name']}`: seeds {seeds} pooled from {len(merged['sources'])} runs",
         "",
         f"- Machine: {m.get('cpu')}, {m.get('cores')} cores, AVX512-BF16: "
-        f"{'yes' if m.get('avx512_bf16') else 'no'}; precision {merged.get('precision')}, "
+        f"{'yes' if m.get('avx512_bf16') else 'no'}{isa_limits_text(m)}; precision "
+        f"{merged.get('precision')}, "
         f"threads {merged.get('threads')}",
         f"- Workload: model {merged.get('model')}, {w['prompts_per_step']} prompts x "
         f"{w['group_size']} samples, at most {w['max_new_tokens']} new tokens, lr {w['lr']}, "

@@ -98,6 +98,15 @@ def _warmup_text(payload: dict) -> str:
     return "warm-up steps left out: " + ", ".join(f"{k} {v}" for k, v in used.items())
 
 
+def isa_limits_text(machine: dict) -> str:
+    """`` (instruction set capped: ONEDNN_MAX_CPU_ISA=AVX2, ...)`` when the run emulated an older
+    CPU (``machine.isa_limits``), else empty."""
+    limits = machine.get("isa_limits")
+    if not limits:
+        return ""
+    return " (instruction set capped: " + ", ".join(f"{k}={v}" for k, v in limits.items()) + ")"
+
+
 def render_markdown(payload: dict) -> str:
     """A markdown report: the run's context, then one row per figure with a column per side and
     a ratio column per rlvr side against TRL (when TRL ran)."""
@@ -114,15 +123,7 @@ def render_markdown(payload: dict) -> str:
     lines = [
         f"# Benchmark `{w['name']}`: {title} ({payload['date']})",
         "",
-        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB"
-        + (
-            " (instruction set capped: "
-            + ", ".join(f"{k}={v}" for k, v in m["isa_limits"].items())
-            + ")"
-            if m.get("isa_limits")
-            else ""
-        )
-        + "; "
+        f"- Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB" + isa_limits_text(m) + "; "
         f"load average (1/5/15 min) at start {la0[0]:.2f}/{la0[1]:.2f}/{la0[2]:.2f}, "
         f"at end {la1[0]:.2f}/{la1[1]:.2f}/{la1[2]:.2f}",
         f"- Precision: {precision}"

@@ -119,8 +119,28 @@ def test_refuses_a_seed_twice_and_different_settings(tmp_path):
         merge_seeds.merge([a, _write(tmp_path, "long.json", other)])
     single = _payload({})
     del single["per_seed"]
-    with pytest.raises(ValueError, match="no per-seed runs"):
+    with pytest.raises(ValueError, match="no per-seed runs and no one-seed run"):
         merge_seeds.merge([a, _write(tmp_path, "one.json", single)])
+
+
+def test_a_one_seed_file_counts_as_its_seed(tmp_path):
+    # a run of one seed keeps its sides at the top level, beside "seed"
+    one = _payload({})
+    del one["per_seed"]
+    one["seed"] = 7
+    one["sides"] = {"rlvr": _run(30, 450.0, 15.0), "trl": _run(20, 600.0, 30.0)}
+    merged = merge_seeds.merge([_write(tmp_path, "a.json", A), _write(tmp_path, "one.json", one)])
+    assert list(merged["per_seed"]) == ["0", "1", "7"]
+    assert merged["sources"][1]["seeds"] == [7]
+    # rlvr steps 20, 24, 30: median 24; same-seed step ratios 20/26, 1, 30/20: median 1
+    over = merged["over_seeds"]["rlvr"]
+    assert over["steps_to_target"]["median"] == 24
+    assert over["vs_peer"]["steps_to_target"]["median"] == pytest.approx(1.0)
+    # fewer in seed 0, as many in seed 1, more in seed 7
+    assert over["steps_sign_test"] == {"fewer": 1, "equal": 1, "more": 1, "p": 1.0}
+    # the seed is still counted once: the same one-seed file twice is refused
+    with pytest.raises(ValueError, match="seed 7 is in both"):
+        merge_seeds.merge([_write(tmp_path, "b.json", one), _write(tmp_path, "c.json", one)])
 
 
 def test_the_command_writes_real_files_and_exits_2_on_bad_input(tmp_path, capsys):
@@ -133,3 +153,18 @@ def test_the_command_writes_real_files_and_exits_2_on_bad_input(tmp_path, capsys
     assert "(merged.png)" in out.with_suffix(".md").read_text()
     assert merge_seeds.main([str(a), str(a), "--out", str(out)]) == 2
     assert "seed 0 is in both" in capsys.readouterr().err
+
+
+def test_an_emulated_machine_says_so(tmp_path):
+    # runs with the instruction set capped (an AVX2-only CPU emulated) must not read as AVX512
+    a, b = copy.deepcopy(A), copy.deepcopy(B)
+    for p in (a, b):
+        p["machine"]["isa_limits"] = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+        p["precision"] = "float32"
+        p["matmul_peak_gflops"] = {"float32": 181.0}
+    merged = merge_seeds.merge([_write(tmp_path, "a.json", a), _write(tmp_path, "b.json", b)])
+    md = merge_seeds.render(merged)
+    assert "AVX512-BF16: yes (instruction set capped: ONEDNN_MAX_CPU_ISA=AVX2); precision" in md
+    assert "instruction set capped" not in merge_seeds.render(
+        merge_seeds.merge([_write(tmp_path, "c.json", A), _write(tmp_path, "d.json", B)])
+    )
