@@ -34,7 +34,7 @@ def _load(path: Path) -> dict:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a readable results .json ({exc})") from None
     if "per_seed" not in payload:
-        # a one-seed run (`--seed N`, or `--seeds N` before per-seed files) keeps its sides at the
+        # a one-seed run (`--seed N`, or `--seeds` with one seed) keeps its sides at the
         # top level: it is that seed's entry
         sides, seed = payload.get("sides"), payload.get("seed")
         if not isinstance(sides, dict) or seed is None:
