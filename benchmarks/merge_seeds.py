@@ -1,4 +1,5 @@
-"""Pool the seeds of several ``--seeds`` results files into one over-seeds table and plot.
+"""Pool the seeds of several results files (``--seeds``, or one seed each) into one over-seeds
+table and plot.
 
     python -m benchmarks.merge_seeds benchmarks/results/2026-11-25-target-3.json \\
         benchmarks/results/2026-11-25-target-5.json --out benchmarks/results/2026-11-25-target-seeds
@@ -19,7 +20,8 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.report import LABELS, NAMES, SIDES, isa_limits_text
+from benchmarks.machine import PEAK_DTYPE
+from benchmarks.report import LABELS, SIDES, isa_limits_text
 from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
 
 # what must agree between the files for their runs to be one sample (the workload's own default
@@ -99,8 +101,7 @@ def merge(paths: list[Path]) -> dict:
 
 def _peak(src: dict, precision: str) -> str:
     """The matmul peak of the precision the runs trained in, and the memory bandwidth."""
-    torch_name = {v: k for k, v in NAMES.items()}.get(precision, precision)
-    peak = (src.get("matmul_peak_gflops") or {}).get(torch_name)
+    peak = (src.get("matmul_peak_gflops") or {}).get(PEAK_DTYPE.get(precision, precision))
     bw = src.get("memory_bandwidth_gbs")
     parts = [f"{precision} {peak:.0f} GFLOP/s" if peak else None, f"{bw:.1f} GB/s" if bw else None]
     return ", ".join(p for p in parts if p) or "n/a"
@@ -163,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("results", nargs="+", type=Path, help="results .json files written with --seeds")
+    p.add_argument(
+        "results",
+        nargs="+",
+        type=Path,
+        help="results .json files of benchmarks.step (--seeds, or one seed)",
+    )
     p.add_argument(
         "--out", type=Path, required=True, help="path without suffix: writes .json, .md and .png"
     )
