@@ -3,8 +3,9 @@
 Because this engine generates with the very module being trained, there is nothing to
 synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
 Text prompts go through our decoding loop (``rollout/decode.py``: faster sampling, finished rows
-leave the batch) unless ``decoder="generate"`` (``rollout.hf_decoder``) asks for transformers'
-``generate``, the reference the loop is tested against. Image prompts (a vision-language model)
+leave the batch; a float32 output layer run in vocabulary slices, ``rollout/sliced_head.py``)
+unless ``decoder="generate"`` (``rollout.hf_decoder``) asks for transformers' ``generate``, the
+reference the loop is tested against. Image prompts (a vision-language model)
 always go through ``generate`` and carry their pixel inputs per prompt (``vision``); each chunk
 feeds its own prompts' images, concatenated in row order, with left padding like text."""
 
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from rlvr.data.multimodal import PromptVision, collate_vision, vision_token_ids
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.decode import decode
+from rlvr.rollout.sliced_head import sliced_head
 
 # 'loop': rollout/decode.py; 'generate': transformers' generate (what image prompts always use)
 DECODERS = ("loop", "generate")
@@ -137,7 +139,10 @@ class HFEngine:
         """Text prompts: our own loop (``rollout/decode.py``), where finished rows leave."""
         tok = self.tokenizer
         stop = tuple(params.stop)
-        with self._autocast():
+        # the float32 output layer in vocabulary slices (rollout/sliced_head.py); not under FSDP,
+        # whose sharded head is gathered by the module's own hooks
+        slicing = contextlib.nullcontext() if self.synced else sliced_head(self.model)
+        with self._autocast(), slicing:
             replies = decode(
                 self.model,
                 ids,
