@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 from torch import nn
-from vllm_support import base_model, max_abs_diff, trained_copy, trainer_logprobs
+from vllm_support import base_model, max_abs_diff, peft_model, trained_copy, trainer_logprobs
 
 from rlvr.rollout import hf
 from rlvr.rollout.base import SamplingParams
@@ -135,3 +135,19 @@ def test_the_trainers_lean_head_is_sliced(model_tok):
     head = lean.get_output_embeddings()
     assert type(head) is lean_backward.LeanLinear
     assert slicing_pays(head, rows=max(1, head.out_features // 4))
+
+
+def test_a_lora_models_head_is_sliced_through_peft(model_tok):
+    """Under a peft adapter the setter reaches the wrapped model's head: sliced inside the block,
+    the same logits, the original head back afterwards."""
+    _, tok = model_tok
+    model = peft_model(tok)
+    head = model.get_output_embeddings()
+    ids = torch.tensor([tok("a b c", add_special_tokens=False).input_ids])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        with sliced_head(model, rows=max(1, head.out_features // 3)) as on:
+            assert on and isinstance(model.base_model.model.lm_head, SlicedHead)
+            got = model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert model.base_model.model.lm_head is head
