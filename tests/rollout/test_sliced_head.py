@@ -71,7 +71,8 @@ def test_sliced_head_is_swapped_in_for_the_block_only(model_tok):
         with sliced_head(model, rows=rows) as on:
             assert on
             inside = model.get_output_embeddings()
-            assert isinstance(inside, SlicedHead) and inside.head.weight is head.weight
+            assert isinstance(inside, SlicedHead) and inside.weight is head.weight
+            assert inside.bias is head.bias and not list(inside.parameters(recurse=False))
             got = model(input_ids=ids).logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert model.get_output_embeddings() is head

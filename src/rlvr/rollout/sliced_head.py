@@ -34,6 +34,15 @@ class SlicedHead(nn.Module):
         self.head = head
         self.rows = rows
 
+    # code that reads the head's parameters directly (a fused loss, a tie check) still finds them
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.head.weight
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return self.head.bias
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight, bias = self.head.weight, self.head.bias
         flat = x.reshape(-1, x.shape[-1])
