@@ -3,7 +3,7 @@
 A decoding step's output layer is one small-by-huge matmul: ``[rows, hidden] x [hidden, vocab]``,
 e.g. ``[32, 576] x [576, 49152]`` for SmolLM2-135M. In float32 on a CPU, one call does it at a
 third of the matmul peak or less, while the same product cut into 2048-row slices of the weight,
-each written into its own columns of the output, runs 0.7-0.8x as long for 4 to 64 rows
+each written into its own columns of the output, runs 0.68-0.82x as long for 4 to 128 rows
 (measured on an AMD EPYC, 2 threads, with and without oneDNN/MKL capped at AVX2: 27-42 ms whole
 against 20-26 ms sliced for 32 rows; one row gains nothing). In bf16 (oneDNN) the whole call is
 already fast (8-10 ms) and slicing does not help, so only a float32 head outside autocast is
