@@ -132,3 +132,27 @@ def test_bad_prompts_fail_clearly(engine, tok):
     # 40 prompt tokens + 16 new > max_model_len = 32 + 16 = 48 (data.max_prompt_tokens + max_new)
     with pytest.raises(ValueError, match="max_model_len=48"):
         engine.generate([[5] * 40], greedy)
+
+
+def test_a_prompts_samples_share_its_prefill(random_engine, tok):
+    """On the CPU backend rlvr holds the KV cache in 32-token blocks (``CPU_KV_BLOCK``): vLLM's
+    prefix cache reuses whole blocks before a prompt's last token, so every request after the
+    first of one prompt takes 32 * floor((L - 1) / 32) of its L tokens from the cache. With
+    vLLM's default 128-token blocks these prompts (31-36 tokens) were prefilled every time."""
+    from rlvr.rollout.vllm_setup import CPU_KV_BLOCK
+
+    engine, _ = random_engine  # load_weights has just cleared the prefix cache
+    if not engine.on_cpu:
+        pytest.skip("the block size is set on the CPU backend only")
+    assert CPU_KV_BLOCK == 32
+    # distinct first characters: no prompt can reuse another's blocks
+    prompts = _ids(tok, "a" * 36, "b" * 33, "c" * 31)
+    assert [len(p) for p in prompts] == [36, 33, 31]
+    # greedy: one request per sample, so each request reports its own cache hits
+    engine.generate(prompts, SamplingParams(n=3, temperature=0.0, max_new_tokens=4))
+    assert engine.last_cached_prompt_tokens == [0, 32, 32, 0, 32, 32, 0, 0, 0]
+    # sampling, what training runs: one request with n samples, which vLLM runs as n requests
+    # in one batch and reports by its last sample's hits (new prompts: nothing cached before)
+    fresh = _ids(tok, "d" * 40, "e" * 20)
+    engine.generate(fresh, SamplingParams(n=4, temperature=1.0, max_new_tokens=4, seed=1))
+    assert engine.last_cached_prompt_tokens == [32, 0]

@@ -182,16 +182,18 @@ def test_kv_budget_by_hand(tok):
     config = base_model(tok).config
     # 2 layers x (K and V) x 1 KV head x head_dim 64 x 2 bytes (bf16) = 512 bytes per token
     assert kv_bytes_per_token(config, torch.bfloat16) == 512
-    # 8 sequences x one 128-token block (48 tokens round up) x 512 bytes = 524288 bytes,
+    # 8 sequences x two 32-token blocks (48 tokens round up to 64) x 512 bytes = 262144 bytes,
     # under the cap of 0.1 x 10 MiB = 1048576 bytes
     kw = dict(max_model_len=48, max_num_seqs=8, total_memory=10 * 2**20)
-    assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.1, **kw) == 524288
-    # 200 tokens take 2 blocks: 8 x 256 x 512 = 1048576 bytes, just at the cap
+    assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.1, **kw) == 262144
+    # 200 tokens take 7 blocks: 8 x 224 x 512 = 917504 bytes; 256 take 8: 1048576, at the cap
     long = {**kw, "max_model_len": 200}
-    assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.1, **long) == 1048576
+    assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.1, **long) == 917504
+    at_cap = {**kw, "max_model_len": 256}
+    assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.1, **at_cap) == 1048576
     # a cap of 0.02 x 10 MiB = int(209715.2) bytes binds
     assert cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=0.02, **kw) == 209715
-    # 1e-6 x 10 MiB = 10 bytes: less than one sequence's 128 x 512 = 65536 bytes
+    # 1e-6 x 10 MiB = 10 bytes: less than one sequence's 64 x 512 = 32768 bytes
     with pytest.raises(ValueError, match="gpu_memory_utilization=1e-06"):
         cpu_kv_cache_bytes(config, torch.bfloat16, memory_fraction=1e-6, **kw)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rlvr.rollout.vllm_setup import (
+    CPU_KV_BLOCK,
     DTYPE_NAMES,
     cpu_kv_cache_bytes,
     max_model_len_for,
@@ -38,7 +39,8 @@ def server_command(
 ) -> list[str]:
     """``python -m vllm.entrypoints.openai.api_server ...`` for ``model_dir`` with the run's
     rollout knobs: the sampler's processed log-probs, no generation defaults from the folder, the
-    engine dtype, and on a CPU an explicit KV-cache size (``cpu_kv_cache_bytes``)."""
+    engine dtype, and on a CPU an explicit KV-cache size (``cpu_kv_cache_bytes``) and rlvr's
+    KV-cache block size (``CPU_KV_BLOCK``)."""
     r = cfg.rollout
     python = r.server_python or sys.executable
     cmd = [
@@ -81,7 +83,7 @@ def server_command(
             memory_fraction=r.gpu_memory_utilization,
             total_memory=total_memory(),
         )
-        cmd += ["--kv-cache-memory-bytes", str(kv)]
+        cmd += ["--kv-cache-memory-bytes", str(kv), "--block-size", str(CPU_KV_BLOCK)]
     else:
         cmd += ["--gpu-memory-utilization", str(r.gpu_memory_utilization)]
     return cmd

@@ -29,6 +29,7 @@ import torch
 from rlvr.rollout import vllm_colocate as colocate
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.vllm_setup import (
+    CPU_KV_BLOCK,
     DTYPE_NAMES,
     base_config,
     checkpoint_weights,
@@ -94,7 +95,8 @@ class VLLMEngine:
         """Start vLLM on the checkpoint folder ``model_path``.
 
         ``kv_cache_bytes`` None: on GPUs vLLM sizes the cache from ``gpu_memory_utilization``; on
-        the CPU backend it is sized for ``max_num_seqs`` full sequences (see ``cpu_kv_cache_bytes``).
+        the CPU backend it is sized for ``max_num_seqs`` full sequences (see ``cpu_kv_cache_bytes``)
+        and held in blocks of ``CPU_KV_BLOCK`` tokens, so a prompt's samples share its prefill.
         ``expected_names``: the tensor names every ``load_weights`` must send (default: the names
         in the folder's safetensors files). ``owned_dir`` is deleted on ``close()``.
         """
@@ -115,6 +117,9 @@ class VLLMEngine:
         self.bucket_bytes = bucket_bytes
         self.last_sync_stats: SyncStats | None = None
         self.policy_version = 0  # the trainer's policy version these weights are (set on sync)
+        # per prompt of the last generate call: its tokens vLLM took from the prefix cache (as
+        # vLLM reports them for the prompt's samples), not prefilled again
+        self.last_cached_prompt_tokens: list[int] = []
         self._plan = dict(lora_plan or {})
         self._adapter = adapter
         self._owned_dir = owned_dir
@@ -164,6 +169,8 @@ class VLLMEngine:
         if backend is not None:
             colocate.check_tp_layout(tensor_parallel_size)
             kwargs["distributed_executor_backend"] = backend
+        if self.on_cpu:
+            kwargs["block_size"] = CPU_KV_BLOCK  # a group's samples share their prompt's prefill
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         else:
@@ -264,6 +271,7 @@ class VLLMEngine:
         )
         if len(outs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outs)} results for {len(requests)} requests")
+        self.last_cached_prompt_tokens = [req.num_cached_tokens or 0 for req in outs]
         groups: list[list[Completion]] = [[] for _ in run_ids]
         for i, req in enumerate(outs):
             outputs = sorted(req.outputs, key=lambda o: o.index)
