@@ -117,8 +117,9 @@ class VLLMEngine:
         self.bucket_bytes = bucket_bytes
         self.last_sync_stats: SyncStats | None = None
         self.policy_version = 0  # the trainer's policy version these weights are (set on sync)
-        # per prompt of the last generate call: its tokens vLLM took from the prefix cache (as
-        # vLLM reports them for the prompt's samples), not prefilled again
+        # per request of the last generate call (one per prompt; one per sample when greedy): the
+        # prompt tokens vLLM took from its prefix cache instead of prefilling them (for n samples
+        # in one request, as vLLM reports them: the last sample's count)
         self.last_cached_prompt_tokens: list[int] = []
         self._plan = dict(lora_plan or {})
         self._adapter = adapter
