@@ -138,7 +138,7 @@ def test_a_prompts_samples_share_its_prefill(random_engine, tok):
     """On the CPU backend rlvr holds the KV cache in 32-token blocks (``CPU_KV_BLOCK``): vLLM's
     prefix cache reuses whole blocks before a prompt's last token, so every request after the
     first of one prompt takes 32 * floor((L - 1) / 32) of its L tokens from the cache. With
-    vLLM's default 128-token blocks these prompts (31-36 tokens) were prefilled every time."""
+    vLLM's default 128-token blocks these prompts (20-40 tokens) were prefilled every time."""
     from rlvr.rollout.vllm_setup import CPU_KV_BLOCK
 
     engine, _ = random_engine  # load_weights has just cleared the prefix cache
