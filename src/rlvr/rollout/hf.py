@@ -3,7 +3,7 @@
 Because this engine generates with the very module being trained, there is nothing to
 synchronise: ``load_weights`` is a no-op and the sampler's log-probs come from the same weights.
 Text prompts go through our decoding loop (``rollout/decode.py``: faster sampling, finished rows
-leave the batch; a float32 output layer run in vocabulary slices, ``rollout/sliced_head.py``)
+leave the batch; the linear layers on oneDNN-packed weights on a CPU, ``rollout/packed_linears.py``)
 unless ``decoder="generate"`` (``rollout.hf_decoder``) asks for transformers' ``generate``, the
 reference the loop is tested against. Image prompts (a vision-language model)
 always go through ``generate`` and carry their pixel inputs per prompt (``vision``); each chunk
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from rlvr.data.multimodal import PromptVision, collate_vision, vision_token_ids
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.decode import decode
-from rlvr.rollout.sliced_head import sliced_head
+from rlvr.rollout.packed_linears import packed_linears
 
 # 'loop': rollout/decode.py; 'generate': transformers' generate (what image prompts always use)
 DECODERS = ("loop", "generate")
@@ -78,32 +78,55 @@ class HFEngine:
         out: list[list[Completion]] = [[] for _ in prompt_ids]
         was_training = self.model.training
         self.model.eval()
+        rows = params.n if params.prompt_seeds is not None else min(len(flat), self.batch_size)
         try:
-            if params.prompt_seeds is not None:
-                if len(params.prompt_seeds) != len(prompt_ids):
-                    raise ValueError(
-                        f"{len(params.prompt_seeds)} prompt seeds for {len(prompt_ids)} prompts"
-                    )
-                for i, ids in enumerate(prompt_ids):
-                    torch.manual_seed(params.prompt_seeds[i])
-                    images = None if vision is None else [vision[i]] * params.n
-                    for comp in self._generate_chunk([ids] * params.n, params, images):
-                        comp.prompt_index = i
-                        out[i].append(comp)
-                return out
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
-            for start in range(0, len(flat), self.batch_size):
-                chunk = flat[start : start + self.batch_size]
-                images = None if vision is None else [vision[c[0]] for c in chunk]
-                for (idx, _), comp in zip(
-                    chunk, self._generate_chunk([c[1] for c in chunk], params, images), strict=True
-                ):
-                    comp.prompt_index = idx
-                    out[idx].append(comp)
+            with self._packed(rows, vision):
+                self._generate_into(out, prompt_ids, flat, params, vision)
         finally:
             self.model.train(was_training)
         return out
+
+    def _packed(self, rows: int, vision) -> contextlib.AbstractContextManager:
+        """The linear layers on weights packed once for the rollout (``rollout/packed_linears.py``)
+        where our loop decodes text on a CPU; not under FSDP, whose sharded weights the module's
+        own hooks gather, nor for transformers' ``generate`` (images, ``decoder="generate"``)."""
+        if vision or self.decoder != "loop" or self.synced:
+            return contextlib.nullcontext(0)
+        dtype = self.autocast_dtype if self.autocast else next(self.model.parameters()).dtype
+        return packed_linears(self.model, dtype, rows)
+
+    def _generate_into(
+        self,
+        out: list[list[Completion]],
+        prompt_ids: list[list[int]],
+        flat: list[tuple[int, list[int]]],
+        params: SamplingParams,
+        vision: list[PromptVision] | None,
+    ) -> None:
+        """Fill ``out[i]`` with prompt i's completions: per prompt with its own seed, or in
+        chunks of ``batch_size`` rows of ``flat`` (prompt index, ids)."""
+        if params.prompt_seeds is not None:
+            if len(params.prompt_seeds) != len(prompt_ids):
+                raise ValueError(
+                    f"{len(params.prompt_seeds)} prompt seeds for {len(prompt_ids)} prompts"
+                )
+            for i, ids in enumerate(prompt_ids):
+                torch.manual_seed(params.prompt_seeds[i])
+                images = None if vision is None else [vision[i]] * params.n
+                for comp in self._generate_chunk([ids] * params.n, params, images):
+                    comp.prompt_index = i
+                    out[i].append(comp)
+            return
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        for start in range(0, len(flat), self.batch_size):
+            chunk = flat[start : start + self.batch_size]
+            images = None if vision is None else [vision[c[0]] for c in chunk]
+            for (idx, _), comp in zip(
+                chunk, self._generate_chunk([c[1] for c in chunk], params, images), strict=True
+            ):
+                comp.prompt_index = idx
+                out[idx].append(comp)
 
     def _vision_kwargs(self, ids: torch.Tensor, vision: list[PromptVision] | None) -> dict:
         """Pixel inputs of the chunk's prompts in row order, and which tokens are image tokens
@@ -139,10 +162,7 @@ class HFEngine:
         """Text prompts: our own loop (``rollout/decode.py``), where finished rows leave."""
         tok = self.tokenizer
         stop = tuple(params.stop)
-        # the float32 output layer in vocabulary slices (rollout/sliced_head.py); not under FSDP,
-        # whose sharded head is gathered by the module's own hooks
-        slicing = contextlib.nullcontext() if self.synced else sliced_head(self.model)
-        with self._autocast(), slicing:
+        with self._autocast():
             replies = decode(
                 self.model,
                 ids,
