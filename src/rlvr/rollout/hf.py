@@ -86,7 +86,9 @@ class HFEngine:
             self.model.train(was_training)
         return out
 
-    def _packed(self, rows: int, vision) -> contextlib.AbstractContextManager:
+    def _packed(
+        self, rows: int, vision: list[PromptVision] | None
+    ) -> contextlib.AbstractContextManager:
         """The linear layers on weights packed once for the rollout (``rollout/packed_linears.py``)
         where our loop decodes text on a CPU; not under FSDP, whose sharded weights the module's
         own hooks gather, nor for transformers' ``generate`` (images, ``decoder="generate"``)."""
