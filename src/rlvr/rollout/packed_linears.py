@@ -100,23 +100,14 @@ def packed_linears(
     raises."""
     dtype = dtype or torch.float32
     swapped: list[tuple[str, nn.Module]] = []
-    if packable_dtype(dtype):
-        with torch.no_grad():
-            try:
+    try:
+        if packable_dtype(dtype):
+            with torch.no_grad():
                 for name, module in list(model.named_modules()):
                     if name and packs(module, dtype):
                         model.set_submodule(name, PackedLinear(module, dtype, rows))
                         swapped.append((name, module))
-            except BaseException:
-                _restore(model, swapped)
-                raise
-    try:
         yield len(swapped)
-    finally:
-        _restore(model, swapped)
-
-
-def _restore(model: nn.Module, swapped: list[tuple[str, nn.Module]]) -> None:
-    for name, module in reversed(swapped):
-        model.set_submodule(name, module)
-    swapped.clear()
+    finally:  # also when packing itself fails part-way
+        for name, module in reversed(swapped):
+            model.set_submodule(name, module)
