@@ -110,6 +110,29 @@ def test_every_linear_is_packed_for_the_block_only(model_tok):
         assert n == 0 and linears(model) == before
 
 
+def test_a_packing_that_fails_part_way_puts_back_the_layers_already_swapped(
+    model_tok, monkeypatch
+):
+    """A reorder that raises on the fifth layer (e.g. out of memory): the error reaches the
+    caller and the four layers swapped before it are the originals again."""
+    model, _ = model_tok
+    before = linears(model)
+    made = []
+    real_init = PackedLinear.__init__
+
+    def init(self, linear, dtype, rows):
+        if len(made) == 4:
+            raise MemoryError("reorder")
+        real_init(self, linear, dtype, rows)
+        made.append(linear)
+
+    monkeypatch.setattr(PackedLinear, "__init__", init)
+    with pytest.raises(MemoryError, match="reorder"), packed_linears(model):
+        pytest.fail("the block must not run")
+    assert len(made) == 4
+    assert linears(model) == before
+
+
 def _engine_run(model, tok, monkeypatch, packed: bool, **engine_kw):
     """Sampled replies of the hf engine and how many calls went through a PackedLinear, with the
     engine's packing on or off."""

@@ -15,7 +15,8 @@ samples of at most 48 tokens) packed and unpacked in turn, medians of six: float
 oneDNN/MKL capped at AVX2 4.81 s against 6.49 s, bf16 on AVX512-BF16 2.90 s against 3.71 s; a
 forward and backward timed after each took as long either way. One whole decoding step's linears
 alone (30 layers and the 49k-token head, 32 rows): float32 0.60-0.70x the time, bf16 0.81x. The
-float32 copy raised the ``target`` benchmark's peak RSS by about 140 MB (4%).
+float32 copy raised the ``target`` benchmark's peak RSS by about 140 MB (4%) in its eight-step
+runs.
 
 Each output element is the same dot product as ``F.linear``'s: in float32 the logits agree up
 to the rounding of the matmul's blocking, in bf16 they are autocast's (bf16 inputs and weights,
