@@ -110,9 +110,7 @@ def test_every_linear_is_packed_for_the_block_only(model_tok):
         assert n == 0 and linears(model) == before
 
 
-def test_a_packing_that_fails_part_way_puts_back_the_layers_already_swapped(
-    model_tok, monkeypatch
-):
+def test_a_packing_that_fails_part_way_puts_back_the_layers_already_swapped(model_tok, monkeypatch):
     """A reorder that raises on the fifth layer (e.g. out of memory): the error reaches the
     caller and the four layers swapped before it are the originals again."""
     model, _ = model_tok
