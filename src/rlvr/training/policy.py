@@ -291,8 +291,11 @@ def logprobs_and_entropy(
         idx = labels[start : start + chunk].unsqueeze(-1)
         logps.append(torch.gather(logp_all, -1, idx).squeeze(-1))
         if entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            if entropy_grad and torch.is_grad_enabled():
                 ents.append(-(logp_all.exp() * logp_all).sum(-1))
+            else:  # one chunk-sized temporary, not two (p, then p * log p)
+                with torch.no_grad():
+                    ents.append(-logp_all.exp().mul_(logp_all).sum(-1))
     return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
 

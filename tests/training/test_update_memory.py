@@ -1,0 +1,85 @@
+"""What the update keeps alive: the [B, Tc, V] logits are not held through the backward, and the
+entropy under no gradient takes one chunk-sized temporary, not two."""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from test_train_e2e import one_float32_step
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+
+from rlvr.training.policy import logprobs_and_entropy
+
+
+def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_path, monkeypatch):
+    """Every micro-batch's logits are gone by the time its loss runs backward: log_softmax keeps
+    its own output for the backward, so holding the logits too only raises the peak."""
+    refs: list[weakref.ref] = []
+    alive_at_backward: list[bool] = []
+    backward = torch.Tensor.backward
+
+    def watch(trainer):
+        forward = trainer.objective.forward
+
+        def forward_kept(model, sb):
+            out = forward(model, sb)
+            refs.append(weakref.ref(out["logits"]))
+            return out
+
+        monkeypatch.setattr(trainer.objective, "forward", forward_kept)
+
+        def backward_watched(self, *args, **kwargs):
+            alive_at_backward.append(refs[-1]() is not None)
+            return backward(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "backward", backward_watched)
+
+    # micro-batches of 2 over the tiny config's 2 prompts x 4 samples: several backwards
+    one_float32_step(tiny_model_dir, tmp_path / "run", "algo.micro_batch_size=2", before=watch)
+    assert len(alive_at_backward) >= 2
+    assert alive_at_backward == [False] * len(alive_at_backward)
+
+
+def peak_allocated_bytes(fn) -> int:
+    """Highest sum of live CPU allocations made while ``fn`` runs, from the profiler's
+    allocation and free events in time order (what was allocated before does not count)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+
+    def walk(events):
+        for e in events:
+            yield e
+            yield from walk(e.children)
+
+    tree = prof.profiler.kineto_results.experimental_event_tree()
+    allocations = sorted(
+        (e for e in walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns
+    )
+    live = peak = 0
+    for e in allocations:
+        live += e.extra_fields.alloc_size
+        peak = max(peak, live)
+    return peak
+
+
+def test_entropy_without_its_gradient_takes_one_chunk_sized_temporary():
+    """Logits [4, 6, 5000] in one chunk of 4 rows (float32: 480 kB a chunk): the log-softmax
+    output stays (the log-probs' backward needs it), and the entropy's exp(log p) * log p is
+    formed in one more chunk-sized buffer, not two. Peak: two chunks plus small tensors."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 6, 5000, requires_grad=True)
+    labels = torch.randint(0, 5000, (4, 6))
+    chunk_bytes = 4 * 6 * 5000 * 4
+
+    peak = peak_allocated_bytes(lambda: logprobs_and_entropy(logits, labels, chunk=4))
+    assert peak < 2.5 * chunk_bytes, peak / chunk_bytes
+
+    # the same numbers as the formula, and the log-probs' gradient is untouched by the in-place op
+    lp, ent = logprobs_and_entropy(logits, labels, chunk=4)
+    ref = torch.log_softmax(logits.detach(), -1)
+    assert torch.equal(ent, -(ref.exp() * ref).sum(-1))
+    lp.sum().backward()
+    expected = torch.nn.functional.one_hot(labels, 5000).float() - ref.exp()
+    assert torch.allclose(logits.grad, expected, atol=1e-6)
