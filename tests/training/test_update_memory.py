@@ -3,20 +3,20 @@ entropy under no gradient takes one chunk-sized temporary, not two."""
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 from test_train_e2e import one_float32_step
 from torch._C._profiler import _EventType
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.profiler import ProfilerActivity, profile
 
 from rlvr.training.policy import logprobs_and_entropy
 
 
 def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_path, monkeypatch):
-    """Every micro-batch's logits are gone by the time its loss runs backward: log_softmax keeps
+    """Every micro-batch's logits (their memory, not just the tensor object: the update reads a
+    view of the model's output) are freed by the time its loss runs backward: log_softmax keeps
     its own output for the backward, so holding the logits too only raises the peak."""
-    refs: list[weakref.ref] = []
+    refs: list[StorageWeakRef] = []
     alive_at_backward: list[bool] = []
     backward = torch.Tensor.backward
 
@@ -25,13 +25,13 @@ def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_pat
 
         def forward_kept(model, sb):
             out = forward(model, sb)
-            refs.append(weakref.ref(out["logits"]))
+            refs.append(StorageWeakRef(out["logits"].untyped_storage()))
             return out
 
         monkeypatch.setattr(trainer.objective, "forward", forward_kept)
 
         def backward_watched(self, *args, **kwargs):
-            alive_at_backward.append(refs[-1]() is not None)
+            alive_at_backward.append(not refs[-1].expired())
             return backward(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, "backward", backward_watched)
