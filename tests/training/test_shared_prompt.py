@@ -55,8 +55,11 @@ def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention)
             assert len(sb.prompt_firsts) == 2  # A and B
             prompts_part = sb.input_ids[:, :7]
             assert prompts_part[sb.prompt_firsts][sb.prompt_copies].equal(prompts_part)
-            # the prompts but their last token once each, then every row from its last prompt token
-            assert seen == [(2, 6), (5, 5)]
+            # the prompts but their last token once each, then every row from its last prompt
+            # token: padded to the longest (5 positions), or under GROUPED_EAGER only the real
+            # ones packed into one row (3 + 0 + 5 + 1 + 2: training/packed_rows.py)
+            rows = [(1, 11)] if attention == GROUPED_EAGER else [(5, 5)]
+            assert seen == [(2, 6), *rows]
         else:
             assert sb.prompt_firsts is None
             assert seen == [(5, 7 + 5)]
@@ -76,21 +79,31 @@ def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention)
     assert (grads[True] - grads[False]).norm() / grads[False].norm() < 1e-5
 
 
-def test_a_critics_hidden_states_are_the_whole_passes():
-    """PPO's value head reads the last hidden state at every completion position."""
+@pytest.mark.parametrize("attention", ["eager", GROUPED_EAGER])
+def test_a_critics_hidden_states_are_the_whole_passes(attention):
+    """PPO's value head reads the last hidden state at every completion position; packed
+    (GROUPED_EAGER), the logits are the real tokens' only and the hidden states laid out."""
     tok = build_char_tokenizer()
     prompts, comps = rows_of_two_prompts(tok)
     out, seen = {}, {}
     for share in (False, True):
         model = build_tiny_model(tok, seed=3).train()
+        model.set_attn_implementation(attention)
         seen[share] = record_positions(model)
         sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=share)
         out[share] = completion_outputs(model, sb, hidden_states=True)
-    assert seen[True] == [(2, 6), (5, 5)] and seen[False] == [(5, 12)]
+    packed = attention == GROUPED_EAGER
+    assert seen[True] == [(2, 6), (1, 11) if packed else (5, 5)] and seen[False] == [(5, 12)]
     mask = sb.completion_mask.bool()
-    for full, shared in zip(out[False], out[True], strict=True):
-        assert shared.shape == full.shape
-        torch.testing.assert_close(shared[mask], full[mask], atol=2e-5, rtol=0)
+    (full_logits, full_hidden), (logits, hidden) = out[False], out[True]
+    assert logits.shape == ((11, full_logits.shape[-1]) if packed else full_logits.shape)
+    torch.testing.assert_close(
+        logits if packed else logits[mask], full_logits[mask], atol=2e-5, rtol=0
+    )
+    assert hidden.shape == full_hidden.shape
+    torch.testing.assert_close(hidden[mask], full_hidden[mask], atol=2e-5, rtol=0)
+    if packed:  # nothing at the padding
+        assert hidden[~mask].abs().sum() == 0
 
 
 def test_gradient_checkpointing_runs_every_row_whole():

@@ -137,7 +137,8 @@ class Objective:
         return 0
 
     def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
-        """The update's forward pass: ``logits`` ``[B, Tc, V]`` (and ``values`` for a critic)."""
+        """The update's forward pass: ``logits`` ``[B, Tc, V]`` or packed ``[N, V]`` (read with
+        ``completion_logprobs``), and ``values`` for a critic."""
         return {"logits": completion_logits(model, sb)}
 
     def loss(self, mb: MicroBatch, counts: MinibatchCounts) -> tuple[torch.Tensor, dict]:

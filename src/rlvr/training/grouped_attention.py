@@ -20,6 +20,8 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 GROUPED_EAGER = "rlvr_grouped_eager"
+# the keyword under which a packed pass's layout reaches the attention (training/packed_rows.py)
+PACKED_ROWS = "packed_rows"
 
 
 def grouped_eager_attention(
@@ -34,7 +36,18 @@ def grouped_eager_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``query`` [B, H, q, D], ``key``/``value`` [B, Hkv, T, D] (query head ``h`` reads key
     head ``h // (H / Hkv)``, as ``repeat_kv`` lays them out); returns ``[B, q, H, D]`` and the
-    attention weights ``[B, H, q, T]``, as transformers' eager attention does."""
+    attention weights ``[B, H, q, T]``, as transformers' eager attention does.
+
+    With a packed pass's layout (``packed_rows``, training/packed_rows.py) the inputs are one
+    packed row ``[1, heads, N, D]`` and ``attention_mask`` is the padded rows': they are laid
+    out per row, attended as above, and the output is packed again ``[1, N, H, D]``."""
+    rows = kwargs.get(PACKED_ROWS)
+    if rows is not None:
+        query, key, value = rows.attention_inputs(module.layer_idx, query, key, value)
+        out, _ = grouped_eager_attention(
+            module, query, key, value, attention_mask, scaling, dropout
+        )
+        return rows.pack_output(out), None
     b, h, q, d = query.shape
     hkv, t = key.shape[1], key.shape[2]
     group = h // hkv

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr.data.multimodal import check_image_tokens
+from rlvr.training.packed_rows import PackedRows
 from rlvr.training.shared_prompt import (
     can_share_prompt,
     shared_prompt_outputs,
@@ -299,6 +300,40 @@ def logprobs_and_entropy(
     return torch.cat(logps), (torch.cat(ents) if entropy else None)
 
 
+# Packed positions per log-softmax chunk: logprobs_and_entropy's 4 rows of <= 48 tokens.
+PACKED_CHUNK = 192
+
+
+def completion_logprobs(
+    logits: torch.Tensor,
+    batch: SequenceBatch,
+    temperature: float = 1.0,
+    *,
+    entropy: bool = True,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs and entropies ``[B, Tc]`` of ``batch``'s completion tokens under the sampling
+    distribution (logits over ``temperature``), from the logits ``completion_outputs`` gives:
+    ``[B, Tc, V]``, or packed ``[N, V]`` (the real tokens only, row by row), which leaves zeros
+    at the padding. ``entropy``/``entropy_grad`` as ``logprobs_and_entropy``."""
+    logits = scaled_logits(logits, temperature)
+    kw = dict(entropy=entropy, entropy_grad=entropy_grad)
+    if logits.dim() == 3:
+        return logprobs_and_entropy(logits, batch.completion_ids, **kw)
+    rows = PackedRows.from_mask(batch.completion_mask.bool())
+    if logits.dim() != 2 or logits.shape[0] != rows.size:
+        raise ValueError(
+            f"packed logits {tuple(logits.shape)} for {rows.size} completion tokens: "
+            "a packed pass gives one row of logits per real completion token"
+        )
+    labels = rows.pack(batch.completion_ids)
+    # one position per row: the chunks of logprobs_and_entropy are PACKED_CHUNK positions
+    logp, ent = logprobs_and_entropy(
+        logits.unsqueeze(1), labels.unsqueeze(1), chunk=PACKED_CHUNK, **kw
+    )
+    return rows.unpack(logp[:, 0]), (rows.unpack(ent[:, 0]) if ent is not None else None)
+
+
 @dataclass
 class SequenceBatch:
     """Prompt + completion token ids laid out for one forward pass.
@@ -387,7 +422,9 @@ def completion_outputs(
     Only the last ``Tc + 1`` positions are projected to the vocabulary (``logits_to_keep``); the
     final position predicts past the sequence end and is dropped. Rows that share a prompt
     (``batch.prompt_firsts``) run it once, unless the model checkpoints its activations or is
-    wrapped for FSDP2/DDP (``training/shared_prompt.py``).
+    wrapped for FSDP2/DDP (``training/shared_prompt.py``); their completions then run without
+    padding where the model allows (``training/packed_rows.py``) and the logits are those of the
+    real completion tokens only, ``[N, V]``: read them with ``completion_logprobs``.
     """
     tc = batch.completion_len
     if batch.prompt_firsts is not None and can_share_prompt(model):
@@ -416,7 +453,7 @@ def completion_outputs(
 
 
 def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
-    """``completion_outputs`` without hidden states: the logits ``[B, Tc, V]``."""
+    """``completion_outputs`` without hidden states: the logits ``[B, Tc, V]`` or packed ``[N, V]``."""
     return completion_outputs(model, batch)[0]
 
 
@@ -427,7 +464,6 @@ def sequence_logprobs(
 
     Logits are divided by the sampling temperature so the policy in the ratio is the one that sampled.
     """
-    logits = completion_logits(model, batch)
-    if temperature > 0:
-        logits = scaled_logits(logits, temperature)
-    return logprobs_and_entropy(logits, batch.completion_ids)
+    return completion_logprobs(
+        completion_logits(model, batch), batch, temperature if temperature > 0 else 1.0
+    )

@@ -8,7 +8,8 @@ and the samples run their last prompt token and their completion against it. The
 last hidden states (a critic's input) and the gradient through the cache are the full pass's up
 to summation order. On the ``target`` benchmark (49-token prompts, 8 samples a prompt, replies
 of ~10-48 tokens padded to their micro-batch's longest) the update's forward and backward put
-about 30% fewer positions through the model.
+about 30% fewer positions through the model. Where the model allows, the completions then run
+without their padding (``training/packed_rows.py``).
 
 Not used under gradient checkpointing (transformers then drops the cache:
 ``GradientCheckpointingLayer``), with FSDP2 or DDP (``can_share_prompt``), nor for vision
@@ -24,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from rlvr.rollout.decode import distinct_rows
+from rlvr.training.packed_rows import can_pack, packed_completion_pass
 
 
 def shared_prompt_rows(
@@ -60,11 +62,12 @@ def shared_prompt_outputs(
     *,
     hidden_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits ``[B, Tc, V]`` predicting each completion token of left-padded prompts (``prompt_len``
-    columns) followed by right-padded completions (``Tc`` columns), the prompts run once per
-    distinct row ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``).
-    With ``hidden_states``, also the last layer's hidden states at the same positions
-    ``[B, Tc, H]``, else None."""
+    """Logits predicting each completion token of left-padded prompts (``prompt_len`` columns)
+    followed by right-padded completions (``Tc`` columns), the prompts run once per distinct row
+    ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``). The logits are
+    ``[B, Tc, V]``, or where the completions run packed (``packed_rows.can_pack``) those of the
+    N real completion tokens only, ``[N, V]`` row by row. With ``hidden_states``, also the last
+    layer's hidden states at the completion positions ``[B, Tc, H]``, else None."""
     device = input_ids.device
     firsts, copies = firsts.to(device), copies.to(device)
     head = prompt_len - 1  # the last prompt token runs with the completion: it predicts token 0
@@ -86,6 +89,17 @@ def shared_prompt_outputs(
         decoder(**prompt_pass)
     _copy_rows(cache, copies, len(firsts))
     tc = input_ids.shape[1] - prompt_len
+    real = attention_mask[:, prompt_len:].bool()  # the inputs whose next token is a reply's
+    if can_pack(model, cache) and real.any():  # only the real positions: logits [N, V]
+        return packed_completion_pass(
+            model,
+            embeds[:, head:-1],
+            attention_mask[:, :-1],
+            position_ids[:, head:-1],
+            real,
+            cache,
+            hidden_states=hidden_states,
+        )
     out = model(
         inputs_embeds=embeds[:, head:-1],
         attention_mask=attention_mask[:, :-1],

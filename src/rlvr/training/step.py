@@ -27,7 +27,7 @@ from rlvr.training.batch import RolloutBatch
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
-from rlvr.training.policy import logprobs_and_entropy, scaled_logits
+from rlvr.training.policy import completion_logprobs
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import advantage_stats, rollout_metrics
 from rlvr.training.update import UpdateEnv, engine_diffs, update
@@ -290,9 +290,7 @@ class Step:
                 )
                 with self.autocast():
                     out = self.objective.forward(self.state.model, sb)
-                lp, _ = logprobs_and_entropy(
-                    scaled_logits(out["logits"], temperature), sb.completion_ids, entropy=False
-                )
+                lp, _ = completion_logprobs(out["logits"], sb, temperature, entropy=False)
                 diffs += engine_diffs(lp, idx, comp_ids, batch.completions)
                 t = time.perf_counter()
                 ref_lp = self.ref_logp_fn(sb, temperature) if needs.reference else None

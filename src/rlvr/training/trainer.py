@@ -19,7 +19,7 @@ from rlvr.config import Config
 from rlvr.training.batch import RolloutBatch
 from rlvr.training.batching import PromptSampler
 from rlvr.training.distributed import DistInfo
-from rlvr.training.policy import completion_logits, logprobs_and_entropy, scaled_logits
+from rlvr.training.policy import completion_logits, completion_logprobs
 from rlvr.training.run_setup import RunContext, setup_run
 from rlvr.training.state import TrainState
 from rlvr.training.step import Step
@@ -113,7 +113,4 @@ class Trainer:
             else:
                 with self.model.disable_adapter():
                     logits = completion_logits(self.model, sb)
-        lp, _ = logprobs_and_entropy(
-            scaled_logits(logits, temperature), sb.completion_ids, entropy=False
-        )
-        return lp
+        return completion_logprobs(logits, sb, temperature, entropy=False)[0]

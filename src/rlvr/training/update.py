@@ -24,7 +24,7 @@ from rlvr.training.batch import (
 )
 from rlvr.training.batching import group_minibatches
 from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
-from rlvr.training.policy import logprobs_and_entropy, scaled_logits
+from rlvr.training.policy import completion_logprobs
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import summarize_update_stats
 
@@ -77,14 +77,12 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
                 )
                 with env.autocast():
                     out = objective.forward(env.train_model, sb)
-                logp, ent = logprobs_and_entropy(
-                    scaled_logits(out["logits"], temperature),
-                    sb.completion_ids,
-                    entropy_grad=a.entropy_coef != 0,
+                logp, ent = completion_logprobs(
+                    out["logits"], sb, temperature, entropy_grad=a.entropy_coef != 0
                 )
-                # the [B, Tc, V] logits are not needed by the backward (log_softmax keeps its
-                # output): dropped here, they are not held through it (75 MB in float32 for
-                # 8 x 48 tokens)
+                # the logits are not needed by the backward (log_softmax keeps its output):
+                # dropped here, they are not held through it (75 MB in float32 for 8 x 48
+                # padded tokens)
                 del out["logits"]
                 if batch.old_logp is None and epoch == 0:
                     diffs += engine_diffs(logp.detach(), idx, comp_ids, comps)
