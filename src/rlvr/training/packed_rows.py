@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.masking_utils import create_causal_mask
 
 from rlvr.training.grouped_attention import GROUPED_EAGER, PACKED_ROWS
 
@@ -110,19 +111,14 @@ def packed_completion_pass(
     (row by row) and, with ``hidden_states``, the last hidden states laid out ``[B, Tc, H]``
     (zeros at padding)."""
     rows = PackedRows.from_mask(real, cache)
-    b, tc = real.shape
-    k = attention_mask.shape[1] - tc
-    # the padded pass's mask: a row's real prompt positions, then its inputs causally
-    causal = torch.ones(tc, tc, dtype=torch.bool, device=real.device).tril()
-    allowed = torch.cat(
-        [
-            attention_mask[:, None, :k].bool().expand(b, tc, k),
-            causal.expand(b, tc, tc) & attention_mask[:, None, k:].bool(),
-        ],
-        dim=2,
+    # the padded pass's own mask [B, 1, Tc, K + Tc], made by transformers as that pass makes it
+    mask = create_causal_mask(
+        config=model.config,
+        inputs_embeds=embeds,
+        attention_mask=attention_mask,
+        past_key_values=cache,
+        position_ids=position_ids,
     )
-    mask = torch.zeros(allowed.shape, dtype=embeds.dtype, device=embeds.device)
-    mask = mask.masked_fill(~allowed, torch.finfo(embeds.dtype).min).unsqueeze(1)
     out = model(
         inputs_embeds=rows.pack(embeds).unsqueeze(0),
         # a 4-D mask is used as given (the padded layout the attention function unpacks to)
