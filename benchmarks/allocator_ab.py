@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps={args.steps} must be above --warmup={args.warmup}")
     import torch
 
-    from rlvr.training.policy import bf16_supported
+    from rlvr.model.precision import bf16_supported
 
     w = get_workload("target")
     precision, _ = bench_precision("auto", bf16_supported("cpu"))

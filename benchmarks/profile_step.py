@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from rlvr.config import load_config
-    from rlvr.training.policy import bf16_supported
+    from rlvr.model.precision import bf16_supported
     from rlvr.training.trainer import Trainer
 
     precision, why = bench_precision(args.precision, bf16_supported("cpu"))

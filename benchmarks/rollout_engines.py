@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
+    from rlvr.model.loading import load_model_and_tokenizer
+    from rlvr.model.precision import bf16_supported
     from rlvr.rollout.base import SamplingParams
-    from rlvr.training.policy import bf16_supported, load_model_and_tokenizer
-    from rlvr.training.run_setup import build_engine
+    from rlvr.rollout.builder import build_engine
 
     torch.set_num_threads(args.threads)
     load_before = load_average()

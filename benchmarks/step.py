@@ -148,7 +148,7 @@ def prepare_model(model: str, work: Path) -> Path:
         from rlvr.training.tiny import save_tiny_model
 
         return save_tiny_model(work / "tiny-model")
-    from rlvr.training.policy import DEFAULT_MODEL, resolve_model_path
+    from rlvr.model.loading import DEFAULT_MODEL, resolve_model_path
 
     return Path(resolve_model_path(DEFAULT_MODEL))
 
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[bench] workload {w.name}, {steps} steps per side, logs in {work}", flush=True)
 
     load_start = load_average()
-    from rlvr.training.policy import bf16_supported
+    from rlvr.model.precision import bf16_supported
 
     bf16_fast = bf16_supported("cpu")
     precision, why = bench_precision(args.precision, bf16_fast)

@@ -37,7 +37,7 @@ def resolve(
         seeds = parse_seeds(args.seeds)
     except ValueError as exc:
         p.error(str(exc))
-    from rlvr.training.policy import bf16_supported
+    from rlvr.model.precision import bf16_supported
 
     precision, _ = bench_precision(args.precision, bf16_supported("cpu"))
     try:

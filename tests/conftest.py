@@ -25,7 +25,7 @@ os.environ["RLVR_TEST_HF_ENGINE"] = "1"
 @pytest.fixture(autouse=True)
 def _transformers_engine_for_auto(request, monkeypatch):
     if request.node.get_closest_marker("vllm") is None:
-        import rlvr.training.run_setup as run_setup
+        import rlvr.rollout.builder as run_setup
 
         monkeypatch.setattr(run_setup, "vllm_available", lambda: False)
 

@@ -9,7 +9,7 @@ suite asked for it, and it keeps test switches out of ``src/``:
 * ``RLVR_TEST_SLOW_SAVE=<seconds>``: every checkpoint write sleeps that long after its files are
   written and before they are fsynced and marked COMPLETE, so a kill can land inside a save.
 
-Both are applied when ``rlvr.training.run_setup`` / ``rlvr.training.checkpoint`` is imported, by
+Both are applied when ``rlvr.training.setup`` / ``rlvr.checkpoint.full`` is imported, by
 wrapping the module's loader: importing them here would slow every child's start.
 """
 
@@ -67,9 +67,9 @@ def install() -> None:
     of the fork server calls this again after it sets its environment), else at their import."""
     patches = {}
     if os.environ.get(HF_ENGINE_ENV) == "1":
-        patches["rlvr.training.run_setup"] = no_vllm
+        patches["rlvr.rollout.builder"] = no_vllm
     if os.environ.get(SLOW_SAVE_ENV):
-        patches["rlvr.training.checkpoint"] = slow_save
+        patches["rlvr.checkpoint.full"] = slow_save
     later = {}
     for name, patch in patches.items():
         if name in sys.modules:

@@ -173,7 +173,7 @@ def test_a_restarted_command_that_still_lacks_the_library_goes_on_with_the_syste
 
 
 def test_doctor_names_the_malloc_rlvr_train_would_preload(capsys):
-    from rlvr.doctor import run_doctor
+    from rlvr.cli.doctor import run_doctor
 
     run_doctor()
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("malloc"))
@@ -188,7 +188,7 @@ def test_rlvr_train_reaches_the_restart_without_importing_torch():
     Parsing the command line and the config must stay free of torch (~2 s here)."""
     code = (
         "import sys\n"
-        "from rlvr.cli import build_parser, parse_args_any_order, _train_config\n"
+        "from rlvr.cli.main import build_parser, parse_args_any_order, _train_config\n"
         "args = parse_args_any_order(build_parser(), ['train', 'train.max_steps=3'])\n"
         "_train_config(args)\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -148,7 +148,7 @@ def test_unknown_key_through_the_real_command(tmp_path: Path) -> None:
 
 
 def test_overrides_may_come_before_between_and_after_options(capsys) -> None:
-    from rlvr.cli import build_parser, parse_args_any_order
+    from rlvr.cli.main import build_parser, parse_args_any_order
 
     argv = ["train", "a.b=1", "--resume", "runs/r", "c.d=2", "--nproc", "2", "a.b=3"]
     args = parse_args_any_order(build_parser(), argv)

@@ -1,6 +1,6 @@
 import sys
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""`rlvr data prepare` through the parser that `register` builds (rlvr.cli may not exist yet)."""
+"""`rlvr data prepare` through the parser that `register` builds (rlvr.cli.main may not exist yet)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.data.cli import cmd_prepare, parse_splits, register
+from rlvr.cli.data import cmd_prepare, parse_splits, register
 
 
 def build_parser() -> argparse.ArgumentParser:

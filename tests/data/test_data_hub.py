@@ -9,6 +9,7 @@ import pytest
 
 from rlvr.data.hub import HubUnreachable, parse_source
 from rlvr.data.loaders import DataError, load_rows
+from rlvr.training.preflight.checks import config_problems
 
 CARD = """---
 configs:
@@ -155,10 +156,10 @@ def test_config_accepts_hub_ids_and_names_a_missing_folder(tmp_path: Path) -> No
     from rlvr.config import load_config
 
     cfg = load_config(None, ["data.task=file", "data.train_path=hf:openai/gsm8k?config=main"])
-    assert cfg.problems() == []  # a hub id is checked when read, not by validation
+    assert config_problems(cfg) == []  # a hub id is checked when read, not by validation
     missing = tmp_path / "gone"
     cfg = load_config(None, ["data.task=file", f"data.train_path={missing}?split=train"])
-    assert cfg.problems() == [
+    assert config_problems(cfg) == [
         f"data.train_path: {missing}?split=train: no such file or folder "
         "(a hub dataset is written hf:owner/name?split=...)"
     ]
@@ -167,7 +168,7 @@ def test_config_accepts_hub_ids_and_names_a_missing_folder(tmp_path: Path) -> No
 def test_dry_run_offline_with_a_hub_id_says_what_it_did_not_check(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     argv = [
         "train",
@@ -188,7 +189,7 @@ def test_dry_run_offline_with_a_hub_id_says_what_it_did_not_check(
 def test_training_on_an_unreachable_hub_id_is_one_error_line(
     tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     argv = [
         "train",

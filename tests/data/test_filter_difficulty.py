@@ -11,15 +11,15 @@ from difficulty_rewards import coin
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlvr.cli import main
-from rlvr.data.filter_difficulty import (
+from rlvr.cli.main import main
+from rlvr.data.loaders import load_rows
+from rlvr.eval.filter_difficulty import (
     DifficultySummary,
     check_bounds,
     solve_rates,
     split_by_difficulty,
     write_kept,
 )
-from rlvr.data.loaders import load_rows
 
 T, F = True, False
 # Six prompts, k = 4 samples each; solve rates 0, 1/4, 2/4, 3/4, 1, 1.

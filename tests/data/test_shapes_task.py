@@ -65,7 +65,7 @@ def test_bad_kwargs_name_the_field():
 
 def test_config_takes_shapes_with_the_chat_template_only():
     from rlvr.config import Config
-    from rlvr.config.validate import problems
+    from rlvr.training.preflight.checks import config_problems as problems
 
     cfg = Config()
     cfg.data.task = "shapes"

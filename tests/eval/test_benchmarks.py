@@ -13,6 +13,7 @@ from rlvr.config import load_config
 from rlvr.config.benchmarks import BENCHMARKS
 from rlvr.config.eval import EvalConfig, EvalSetConfig
 from rlvr.eval.sets import build_eval_sets, set_rows
+from rlvr.training.preflight.checks import config_problems
 
 # name: (hub id, config, split, fixture rows in the dataset's schema, prompt, answer, right, wrong)
 CASES: dict[str, tuple] = {
@@ -225,7 +226,7 @@ def test_rlvr_eval_named_sets_prints_one_table(
 ) -> None:
     import json
 
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     out_file = tmp_path / "eval.json"
     argv = ["eval", str(tiny_model_dir), "--sets", "math500,gsm8k", "--max-new-tokens", "4"]
@@ -241,6 +242,6 @@ def test_rlvr_eval_named_sets_prints_one_table(
 
 def test_an_unknown_set_grader_is_a_config_problem() -> None:
     cfg = load_config(None, ["eval.sets=[{name: math500, grader: maths}]"])
-    problems = cfg.problems()
+    problems = config_problems(cfg)
     assert len(problems) == 1
     assert problems[0].startswith("eval.sets[0] (math500).grader: reward spec 'maths': unknown")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.eval.loading import adapter_base, resolve_source
-from rlvr.training.policy import ModelLoadError
+from rlvr.model.loading import ModelLoadError
 
 
 def make_run(root: Path, *, lora: bool = False) -> Path:

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("PIL.Image")
 
-from rlvr.cli import main  # noqa: E402
+from rlvr.cli.main import main  # noqa: E402
 from rlvr.config import load_config  # noqa: E402
 from rlvr.training.trainer import Trainer  # noqa: E402
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.config import load_config
 from rlvr.training.trainer import Trainer
 

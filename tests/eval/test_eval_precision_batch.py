@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.cli.eval import run_provenance_warnings
+from rlvr.cli.main import main
 from rlvr.config import load_config
-from rlvr.eval.cli import run_provenance_warnings
 from rlvr.eval.engine import resolve_eval_dtype
 from rlvr.eval.provenance import differences, warn_if_different
 
@@ -115,7 +115,7 @@ def test_table_and_json_say_how_each_number_was_measured(sharp_model_dir, probe,
 
 
 def test_eval_dtype_default_does_not_follow_the_cpu(monkeypatch) -> None:
-    import rlvr.training.policy as policy
+    import rlvr.model.precision as policy
 
     monkeypatch.setattr(policy, "bf16_supported", lambda device="cpu": True)
     for autocast in ("auto", "bf16", "off"):

@@ -53,7 +53,7 @@ def _child(cmd: dict) -> None:
             from rlvr.rewards.sandbox import resolve_target
 
             resolve_target(cmd["hooks"])()
-        from rlvr.cli import main
+        from rlvr.cli.main import main
 
         code = main(cmd["argv"])
     except SystemExit as exc:
@@ -74,8 +74,8 @@ def _serve() -> None:
     # Import what a run would otherwise import lazily, so children share it.
     from transformers import AutoModelForCausalLM, LlamaForCausalLM  # noqa: F401
 
-    import rlvr.cli  # noqa: F401
-    import rlvr.training.checkpoint  # noqa: F401
+    import rlvr.checkpoint.full  # noqa: F401
+    import rlvr.cli.main  # noqa: F401
     import rlvr.training.trainer  # noqa: F401
     from rlvr.rollout.hf import HFEngine  # noqa: F401
     from rlvr.training.tiny import build_char_tokenizer  # noqa: F401

@@ -22,8 +22,9 @@ from reliability.bad_configs import (
     override,
 )
 from reliability.figures import add
-from rlvr.cli import main as cli_main
+from rlvr.cli.main import main as cli_main
 from rlvr.config import Config, ConfigError, known_keys, load_config
+from rlvr.training.preflight.checks import check_config
 
 # train.adam_betas has its own test below (torch checks it, but only after the model loads).
 RULE_KNOBS = sorted(k for k in BAD_VALUES if k != "train.adam_betas")
@@ -39,7 +40,7 @@ def knob_and_bad_value(draw, knobs: list[str]) -> tuple[str, object]:
 def rejected(overrides: list[str] | None = None, path: Path | None = None) -> str:
     """The ConfigError message for this config; fails the test if the config is accepted."""
     with pytest.raises(ConfigError) as caught:
-        load_config(path, overrides).validate()
+        check_config(load_config(path, overrides))
     return str(caught.value)
 
 
@@ -124,7 +125,7 @@ def accepted(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
     out = []
     for knob, value in pairs:
         try:
-            load_config(None, [override(knob, value)]).validate()
+            check_config(load_config(None, [override(knob, value)]))
         except ConfigError as exc:
             if knob not in str(exc):
                 out.append((knob, value))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from reliability.bad_rows import Line, file_bytes, lines
 from reliability.figures import add
-from rlvr.cli import main as cli_main
+from rlvr.cli.main import main as cli_main
 from rlvr.data.loaders import DataError, load_rows, load_rows_with_report
 from rlvr.training.batching import PromptSampler
 

@@ -22,9 +22,9 @@ from reliability.figures import add
 from reliability.procs import wait_for
 from reliability.runs import read_status, tiny_overrides
 from reliability.shutdown_hooks import interrupt_in
-from rlvr.cli import main as cli_main
+from rlvr.checkpoint.full import latest_checkpoint, read_state
+from rlvr.cli.main import main as cli_main
 from rlvr.rewards import symbolic
-from rlvr.training.checkpoint import latest_checkpoint, read_state
 
 # A maths reward (weight 0) starts the maths checker's child; a user reward starts the pool.
 REWARDS = "reward.specs=[{name: math, weight: 0.0}, {name: 'toy_rewards:count_sevens'}]"

@@ -20,7 +20,7 @@ from reliability.runs import (
     tiny_config,
     tiny_overrides,
 )
-from rlvr.cli import main as cli_main
+from rlvr.cli.main import main as cli_main
 from rlvr.objectives import Objective
 from rlvr.telemetry.health import HealthStop, read_health
 from rlvr.training.trainer import Trainer

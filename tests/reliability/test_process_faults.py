@@ -27,8 +27,7 @@ from reliability.figures import record
 from reliability.limits import FILE_SIZE_ENV
 from reliability.procs import exited, sleep_while_running, wait_for
 from reliability.runs import read_status, tiny_overrides
-from rlvr.telemetry.sinks import read_metrics
-from rlvr.training.checkpoint import (
+from rlvr.checkpoint.full import (
     TMP_PREFIX,
     checkpoint_name,
     checkpoints_dir,
@@ -36,6 +35,7 @@ from rlvr.training.checkpoint import (
     read_marker,
     read_state,
 )
+from rlvr.telemetry.sinks import read_metrics
 from sitecustomize import SLOW_SAVE_ENV
 
 MAX_STEPS = 8

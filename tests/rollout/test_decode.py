@@ -9,8 +9,9 @@ import pytest
 import torch
 from vllm_support import base_model, max_abs_diff, trained_copy, trainer_logprobs
 
+from rlvr.model.shared_prompt import distinct_rows
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.decode import decode, distinct_rows, sample_next, truncate_scores
+from rlvr.rollout.decode import decode, sample_next, truncate_scores
 from rlvr.rollout.hf import HFEngine
 from rlvr.training.tiny import build_char_tokenizer
 
@@ -203,7 +204,7 @@ def test_hf_decoder_picks_the_loop_or_generate(model_tok):
     reaches the engines ``rlvr train`` builds for rollouts and for evaluation."""
     from rlvr.config import load_config
     from rlvr.eval.engine import hf_eval_engine
-    from rlvr.training.run_setup import build_engine
+    from rlvr.rollout.builder import build_engine
 
     model, tok = model_tok
     loop_rows, loop = _passes_and_replies(model, tok, "loop")

@@ -86,8 +86,8 @@ def vlm_replies_by_colour(tiny_vlm_dir):
     path: a red image -> "xyz" then EOS, a blue one -> a reply longer than the token limit. So
     which reply (and which ending) a prompt gets depends on its image."""
     from rlvr.data.multimodal import collate_vision, render_multimodal_rows
-    from rlvr.training.policy import build_sequence_batch, sequence_logprobs
-    from rlvr.training.vlm import load_policy_model
+    from rlvr.model.forward import build_sequence_batch, sequence_logprobs
+    from rlvr.model.vlm import load_policy_model
 
     model, tok, processor = load_policy_model(str(tiny_vlm_dir))
     rows = _image_rows(["red", "blue", "red", "blue"], [28, 56, 84, 42], IMAGE_QUESTIONS)
@@ -150,7 +150,7 @@ def test_vision_tokens_are_never_sampled(tiny_vlm_dir) -> None:
     """A reply holding an image placeholder would break the next forward pass (the model reads
     it as an image): the engine suppresses the vision tokens, which the model itself prefers."""
     from rlvr.data.multimodal import render_multimodal_rows, vision_token_ids
-    from rlvr.training.vlm import load_policy_model
+    from rlvr.model.vlm import load_policy_model
 
     model, tok, processor = load_policy_model(str(tiny_vlm_dir))
     vision_ids = vision_token_ids(model.config)

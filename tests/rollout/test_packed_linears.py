@@ -13,11 +13,11 @@ import torch
 from torch import nn
 from vllm_support import base_model, max_abs_diff, peft_model, trained_copy, trainer_logprobs
 
+from rlvr.model import lean_backward
 from rlvr.rollout import hf
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.hf import HFEngine
 from rlvr.rollout.packed_linears import PackedLinear, packable_dtype, packed_linears, packs
-from rlvr.training import lean_backward
 from rlvr.training.tiny import build_char_tokenizer
 
 PROMPTS = ["x", "xyz", "a b c d", "xyzxyzxy", "q", "hello world"]

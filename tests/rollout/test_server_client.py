@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.cli import main as cli_main
+from rlvr.cli.main import main as cli_main
 from rlvr.rollout.base import SamplingParams
-from rlvr.rollout.server import ServerEngine, free_port, parse_choice, request_seeds
+from rlvr.rollout.server import ServerEngine, parse_choice, request_seeds
+from rlvr.rollout.server_launch import free_port
+from rlvr.training.preflight.checks import config_problems
 
 
 def _dead_url() -> str:
@@ -47,7 +49,7 @@ def test_a_taken_port_is_refused_before_starting_a_server(tiny_model_dir, tmp_pa
     import socket
 
     from rlvr.config import load_config
-    from rlvr.training.policy import load_model_and_tokenizer
+    from rlvr.model.loading import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(tiny_model_dir), dtype=torch.float32, device="cpu")
     with socket.socket() as taken:
@@ -64,7 +66,9 @@ def test_server_mode_needs_the_vllm_engine():
     from rlvr.config import load_config
 
     cfg = load_config(None, ["rollout.mode=server", "rollout.engine=hf"])
-    assert "rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)" in cfg.problems()
+    assert "rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)" in config_problems(
+        cfg
+    )
 
 
 def test_every_prompt_gets_its_own_seed():

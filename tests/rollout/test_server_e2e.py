@@ -23,9 +23,10 @@ import pytest
 import torch
 from vllm_support import TINY
 
-from rlvr.cli import main as cli_main
+from rlvr.cli.main import main as cli_main
 from rlvr.config import load_config
-from rlvr.rollout.server import free_port, request_seeds, sampling_body
+from rlvr.rollout.server import request_seeds, sampling_body
+from rlvr.rollout.server_launch import free_port
 from rlvr.training.trainer import Trainer
 
 pytestmark = pytest.mark.vllm

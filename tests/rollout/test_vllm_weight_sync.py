@@ -199,7 +199,7 @@ def test_kv_budget_by_hand(tok):
 
 
 def test_engine_dtype_follows_trainer_numerics(monkeypatch):
-    import rlvr.training.policy as policy
+    import rlvr.model.precision as policy
     from rlvr.config import load_config
 
     monkeypatch.setattr(policy, "bf16_supported", lambda device="cpu": True)

@@ -30,9 +30,9 @@ def _rank(rank: int, port: int, results) -> None:
     try:
         from torch.distributed.tensor import DTensor
 
+        from rlvr.distributed import DistInfo, wrap_model
         from rlvr.rollout.vllm_setup import checkpoint_weights
         from rlvr.rollout.weight_sync import weight_buckets
-        from rlvr.training.distributed import DistInfo, wrap_model
         from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
         model = build_tiny_model(build_char_tokenizer(), seed=0, hidden=64, layers=3)

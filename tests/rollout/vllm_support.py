@@ -12,7 +12,7 @@ import copy
 import torch
 
 from rlvr.config import load_config
-from rlvr.training.policy import build_sequence_batch, sequence_logprobs
+from rlvr.model.forward import build_sequence_batch, sequence_logprobs
 from rlvr.training.tiny import build_tiny_model
 
 TINY = dict(hidden=128, heads=2, kv_heads=1, layers=2, intermediate=128)

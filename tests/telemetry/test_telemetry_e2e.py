@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from matplotlib import image as mpimg
 
-from rlvr.cli import main
+from rlvr.cli.main import main
 from rlvr.telemetry.samples import list_sample_steps, read_samples
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

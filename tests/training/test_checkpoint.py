@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlvr.training.checkpoint import (
+from rlvr.checkpoint.full import (
     COMPLETE,
     CheckpointError,
     checkpoint_step,
@@ -144,7 +144,7 @@ DISK_FULL_SCRIPT = r"""
 import json, resource, sys
 from pathlib import Path
 import torch
-from rlvr.training.checkpoint import CheckpointError, write_checkpoint
+from rlvr.checkpoint.full import CheckpointError, write_checkpoint
 
 class Stub:
     def save_pretrained(self, folder):

@@ -8,16 +8,17 @@ from pathlib import Path
 from test_train_e2e import REQUIRED, read_lines, tiny_config
 
 from rlvr.config import load_config
+from rlvr.training.preflight.checks import config_problems
 from rlvr.training.trainer import Trainer
 
 
 def test_config_rules_name_the_knob():
     ok = load_config(None, ["algo.objective=cispo", "algo.clip_low=1.0", "algo.clip_high=0.28"])
-    assert ok.problems() == []
+    assert config_problems(ok) == []
     bad = load_config(
         None, ["algo.objective=cispo", "algo.loss_agg=seq_mean_token_mean", "algo.clip_low=1.5"]
     )
-    msgs = bad.problems()
+    msgs = config_problems(bad)
     assert any("algo.loss_agg must be auto or token_mean" in m for m in msgs)
     assert any(m.startswith("algo.clip_low=1.5: must be <= 1 with cispo") for m in msgs)
 

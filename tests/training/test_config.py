@@ -8,6 +8,7 @@ import pytest
 
 from rlvr.config import ConfigError, load_config
 from rlvr.objectives import build_objective
+from rlvr.training.preflight.checks import check_config, config_problems
 
 
 def test_defaults_are_the_demo():
@@ -15,7 +16,7 @@ def test_defaults_are_the_demo():
     assert cfg.algo.objective == "drgrpo"
     assert build_objective(cfg).agg_mode == "seq_mean_token_sum_norm"
     assert cfg.model.name_or_path == "smollm2-135m-instruct"
-    assert cfg.problems() == []
+    assert config_problems(cfg) == []
 
 
 def test_dotted_overrides_parse_types(tmp_path):
@@ -83,7 +84,7 @@ def test_bad_value_names_field_and_value():
 def test_guardrails_name_knob_and_rule(overrides, needle):
     cfg = load_config(None, overrides)
     with pytest.raises(ConfigError) as err:
-        cfg.validate()
+        check_config(cfg)
     assert needle in str(err.value)
 
 

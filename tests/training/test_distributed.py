@@ -42,8 +42,8 @@ def test_two_ranks_match_one_process(tiny_model_dir, tmp_path, parallel):
 
 def test_vllm_is_allowed_with_several_processes_when_tp_divides_them():
     from rlvr.config import load_config
-    from rlvr.training.distributed import DistInfo
-    from rlvr.training.run_setup import distributed_problems
+    from rlvr.distributed import DistInfo
+    from rlvr.training.preflight.checks import distributed_problems
 
     two = DistInfo(rank=0, world_size=2)
     ok = load_config(None, ["rollout.engine=vllm", "algo.prompts_per_step=4"])

@@ -24,10 +24,10 @@ from dist_support import (
     weights,
 )
 
+from rlvr.checkpoint.full import TENSOR_STATE, latest_checkpoint
+from rlvr.checkpoint.merge import merge_checkpoint
+from rlvr.checkpoint.sharded import export_full_model, full_model_state, is_sharded
 from rlvr.eval.loading import resolve_source
-from rlvr.merge import merge_checkpoint
-from rlvr.training.checkpoint import TENSOR_STATE, latest_checkpoint
-from rlvr.training.checkpoint_dcp import export_full_model, full_model_state, is_sharded
 
 STEPS = 4
 LORA = ["model.lora.enabled=true", "model.lora.rank=4", "train.save_every=2"]

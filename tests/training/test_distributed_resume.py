@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from dist_support import TORCHRUN, run, run_command, steps, train_args, weights
 
+from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
+from rlvr.checkpoint.sharded import export_full_model, is_sharded
 from rlvr.eval.loading import resolve_source
-from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
-from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
 
 MAX_STEPS = 4
 COMPARED = ("reward_mean", "policy_loss", "grad_norm")

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlvr.algorithms import whiten
-from rlvr.training.distributed import sum_over_ranks
+from rlvr.distributed import sum_over_ranks
 
 # Two ranks, 3 tokens each, the last masked out on rank 1: valid values 1, 2, 3 | 5, 9.
 # Whole batch: mean 4, population variance (9 + 4 + 1 + 1 + 25) / 5 = 8.

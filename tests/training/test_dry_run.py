@@ -39,7 +39,7 @@ def _dry(tiny_model_dir: Path, tmp_path: Path, *overrides: str) -> list[str]:
 def test_dry_run_prints_the_plan_from_a_file(
     tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     train = _write_rows(tmp_path / "train.jsonl", ["abcdefg", "xy", "what is 1?"] * 4)  # 12 rows
     evals = _write_rows(tmp_path / "eval.jsonl", ["q1", "q2", "q3"])
@@ -74,7 +74,7 @@ def test_dry_run_prints_the_plan_from_a_file(
 def test_dry_run_fails_on_a_prompt_longer_than_the_limit(
     tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     train = _write_rows(tmp_path / "train.jsonl", ["short", "a much longer prompt"] * 4)
     argv = _dry(
@@ -96,7 +96,7 @@ def test_dry_run_fails_on_a_prompt_longer_than_the_limit(
 def test_dry_run_fails_on_a_warmup_longer_than_the_run(
     tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     argv = _dry(tiny_model_dir, tmp_path, "train.max_steps=20", "train.warmup_steps=200")
     assert main(argv) == 2
@@ -108,7 +108,7 @@ def test_dry_run_fails_on_a_warmup_longer_than_the_run(
 def test_dry_run_says_what_it_could_not_check_without_a_tokenizer(
     tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     empty = tmp_path / "not_a_model"
     empty.mkdir()
@@ -121,7 +121,7 @@ def test_dry_run_says_what_it_could_not_check_without_a_tokenizer(
 
 
 def test_eval_accepts_overrides_after_its_options() -> None:
-    from rlvr.cli import build_parser, parse_args_any_order
+    from rlvr.cli.main import build_parser, parse_args_any_order
 
     argv = ["eval", "MODEL", "--data", "F.jsonl", "data.template=none", "--k", "4", "a.b=2"]
     args = parse_args_any_order(build_parser(), argv)
@@ -141,7 +141,7 @@ def test_dry_run_counts_image_tokens_of_the_visual_task(
     vision markers: 6 tokens more than the same chat text alone, which a text model cannot take."""
     import transformers
 
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("--dry-run loaded VLM weights")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 from test_train_e2e import tiny_config
 
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion
-from rlvr.training.batch import RolloutBatch
 from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.preflight.checks import config_problems
 from rlvr.training.trainer import Trainer
 
 
@@ -101,7 +102,7 @@ def test_the_dapo_recipe_validates_with_the_paper_settings():
     assert (a.objective, a.clip_low, a.clip_high, a.loss_agg) == ("grpo", 0.2, 0.28, "token_mean")
     assert a.dynamic_sampling and a.beta == 0.0
     assert r.overlong_buffer / cfg.rollout.max_new_tokens == 4096 / 20480
-    assert cfg.problems() == []
+    assert config_problems(cfg) == []
 
 
 def test_two_ranks_keep_drawing_together(tiny_model_dir, tmp_path):

@@ -15,11 +15,11 @@ import json
 import pytest
 from test_train_e2e import tiny_config
 
+from rlvr.data.rows import reward_specs
 from rlvr.eval.evaluator import evaluate_sets
 from rlvr.eval.sets import build_eval_sets
 from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.hf import HFEngine
-from rlvr.training.run_setup import reward_specs
 from rlvr.training.trainer import Trainer
 
 

@@ -11,9 +11,9 @@ import math
 import torch
 
 from rlvr.config import load_config
+from rlvr.model.logprobs import logprobs_and_entropy
 from rlvr.objectives import build_objective
-from rlvr.training.batch import MicroBatch, MinibatchCounts
-from rlvr.training.policy import logprobs_and_entropy
+from rlvr.objectives.batch import MicroBatch, MinibatchCounts
 
 
 def _loss_grad(coef: float) -> torch.Tensor:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.training.freeze import default_freeze, freeze_prefixes, parameter_counts
-from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
-from rlvr.training.tiny_vlm import build_tiny_vlm, build_vlm_tokenizer
+from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
+from rlvr.training.tiny import (
+    build_char_tokenizer,
+    build_tiny_model,
+    build_tiny_vlm,
+    build_vlm_tokenizer,
+)
 
 
 def test_vision_tower_frozen_by_default_and_counted():

@@ -8,6 +8,7 @@ from pathlib import Path
 from test_train_e2e import REQUIRED, read_lines, tiny_config
 
 from rlvr.config import load_config
+from rlvr.training.preflight.checks import config_problems
 from rlvr.training.trainer import Trainer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "gspo.yaml"
@@ -15,7 +16,7 @@ RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "gspo.yaml"
 
 def test_token_level_clip_is_refused_with_the_paper_values():
     cfg = load_config(None, ["algo.objective=gspo"])  # clip_low/high at their 0.2 defaults
-    msgs = [p for p in cfg.problems() if "algo.objective=gspo" in p]
+    msgs = [p for p in config_problems(cfg) if "algo.objective=gspo" in p]
     assert len(msgs) == 1
     assert "algo.clip_low=0.2" in msgs[0] and "algo.clip_low=0.0003" in msgs[0]
     assert "algo.clip_high=0.0004" in msgs[0] and "recipes/gspo.yaml" in msgs[0]
@@ -24,7 +25,7 @@ def test_token_level_clip_is_refused_with_the_paper_values():
 def test_the_recipe_gives_the_paper_clip_and_validates():
     cfg = load_config(str(RECIPE), [])
     assert (cfg.algo.objective, cfg.algo.clip_low, cfg.algo.clip_high) == ("gspo", 3e-4, 4e-4)
-    assert cfg.problems() == []
+    assert config_problems(cfg) == []
 
 
 def test_gspo_trains_two_steps_with_finite_metrics(tiny_model_dir, tmp_path):

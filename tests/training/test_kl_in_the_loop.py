@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_train_e2e import tiny_config
 
-from rlvr.training.batch import RolloutBatch
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.training.step import kl_penalty
 from rlvr.training.trainer import Trainer
 

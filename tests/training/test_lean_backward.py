@@ -11,8 +11,8 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
-from rlvr.training import lean_backward
-from rlvr.training.lean_backward import LeanLinear
+from rlvr.model import lean_backward
+from rlvr.model.lean_backward import LeanLinear
 from rlvr.training.tiny import build_tiny_model
 
 BF16 = torch.bfloat16

@@ -4,12 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.training.policy import (
-    build_sequence_batch,
-    choose_attention,
-    logprobs_and_entropy,
-    sequence_logprobs,
-)
+from rlvr.model.attention import choose_attention
+from rlvr.model.forward import build_sequence_batch, sequence_logprobs
+from rlvr.model.logprobs import logprobs_and_entropy
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
 
@@ -94,7 +91,7 @@ def test_grouped_eager_is_eagers_arithmetic(arch):
     log-probs and gradients up to float32 summation order (the same dot products, mask and
     softmax; eager's backward sums the repeated heads in another order). A wrong head-to-group
     mapping or mask moves log-probs by far more (tenths of a nat)."""
-    from rlvr.training.grouped_attention import GROUPED_EAGER
+    from rlvr.model.attention import GROUPED_EAGER
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, arch=arch, hidden=96, heads=6, kv_heads=2, seed=1)
@@ -117,8 +114,7 @@ def test_training_attention_is_grouped_eager_for_text_models(tiny_vlm_dir):
     """'auto' on the CPU with short replies means eager arithmetic: the grouped kernel on a text
     model, transformers' eager on a vision-language model; an explicit sdpa stays sdpa."""
     from rlvr.config import load_config
-    from rlvr.training.grouped_attention import GROUPED_EAGER
-    from rlvr.training.run_setup import use_training_attention
+    from rlvr.model.attention import GROUPED_EAGER, use_training_attention
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok)
@@ -126,7 +122,7 @@ def test_training_attention_is_grouped_eager_for_text_models(tiny_vlm_dir):
     assert model.config._attn_implementation == GROUPED_EAGER
     use_training_attention(model, load_config(None, ["model.attention=sdpa"]), "cpu")
     assert model.config._attn_implementation == "sdpa"
-    from rlvr.training.vlm import load_policy_model
+    from rlvr.model.vlm import load_policy_model
 
     vlm = load_policy_model(str(tiny_vlm_dir))[0]
     use_training_attention(vlm, load_config(None, []), "cpu")

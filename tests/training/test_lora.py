@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.cli import main as cli_main
+from rlvr.checkpoint.full import latest_checkpoint
+from rlvr.cli.main import main as cli_main
 from rlvr.config import ConfigError, load_config
 from rlvr.config.lora import LoraConfig
-from rlvr.training.checkpoint import latest_checkpoint
-from rlvr.training.lora import apply_lora
+from rlvr.model.lora import apply_lora
 from rlvr.training.tiny import build_tiny_model
 from rlvr.training.trainer import Trainer
 

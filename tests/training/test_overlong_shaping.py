@@ -7,6 +7,7 @@ import pytest
 from test_train_e2e import tiny_config
 
 from rlvr.config import load_config
+from rlvr.training.preflight.checks import config_problems
 from rlvr.training.trainer import Trainer
 
 
@@ -42,5 +43,5 @@ def test_buffer_longer_than_the_generation_budget_is_refused():
     cfg = load_config(None, ["rollout.max_new_tokens=8", "reward.overlong_buffer=9"])
     assert any(
         p.startswith("reward.overlong_buffer=9 must be <= rollout.max_new_tokens=8")
-        for p in cfg.problems()
+        for p in config_problems(cfg)
     )

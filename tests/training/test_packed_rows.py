@@ -10,8 +10,9 @@ import torch
 from test_shared_prompt import record_positions
 from test_train_e2e import one_float32_step
 
-from rlvr.training.packed_rows import PackedRows
-from rlvr.training.policy import build_sequence_batch, completion_logprobs
+from rlvr.model.forward import build_sequence_batch
+from rlvr.model.logprobs import completion_logprobs
+from rlvr.model.packed_rows import PackedRows
 
 
 def test_pack_and_unpack_place_each_position_by_hand():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.training.test_train_e2e import tiny_config
 
-from rlvr.training import policy, run_setup
+from rlvr.model import precision
 from rlvr.training.trainer import Trainer
 
 
@@ -14,7 +14,7 @@ def test_auto_precision_follows_the_cpu_and_is_printed(
     tiny_model_dir, tmp_path, monkeypatch, capsys, fast_bf16, expected
 ):
     # an AVX2-only CPU (no bf16 fast path) must train in float32, an AVX512-BF16 one in bf16
-    monkeypatch.setattr(run_setup, "bf16_supported", lambda device: fast_bf16)
+    monkeypatch.setattr(precision, "bf16_supported", lambda device: fast_bf16)
     cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=auto", "train.max_steps=1")
     trainer = Trainer(cfg)
     assert trainer.ctx.autocast is fast_bf16
@@ -26,7 +26,7 @@ def test_auto_precision_follows_the_cpu_and_is_printed(
 
 
 def test_an_explicit_choice_is_named_as_such(tiny_model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(run_setup, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(precision, "bf16_supported", lambda device: True)
     cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=off", "train.max_steps=1")
     assert Trainer(cfg).fit()["precision"] == "float32 (model.autocast=off)"
 
@@ -52,7 +52,7 @@ def test_bf16_is_fast_only_where_onednn_may_use_it(monkeypatch, cap, allowed):
             assert self.path == "/proc/cpuinfo"
             return "flags\t\t: fpu avx2 avx512f avx512_bf16\n"
 
-    monkeypatch.setattr(policy, "Path", CpuInfo)
+    monkeypatch.setattr(precision, "Path", CpuInfo)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
-    assert policy.onednn_isa_allows_bf16(cap) is allowed
-    assert policy.bf16_supported("cpu") is allowed
+    assert precision.onednn_isa_allows_bf16(cap) is allowed
+    assert precision.bf16_supported("cpu") is allowed

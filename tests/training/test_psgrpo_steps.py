@@ -1,6 +1,6 @@
 """PS-GRPO variant 2 in the loop: steps are found in the text and mapped onto the right tokens."""
 
-from rlvr.training.psgrpo_steps import StepScorer, step_spans, token_step_ids
+from rlvr.objectives.psgrpo_steps import StepScorer, step_spans, token_step_ids
 from rlvr.training.tiny import build_char_tokenizer
 
 STEP, ANSWER = r"^Step \d+:", r"^†Answer:"

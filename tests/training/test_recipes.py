@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from rlvr.config import config_from_dict, load_config
+from rlvr.training.preflight.checks import check_config, config_problems
 
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 RECIPES = sorted(RECIPES_DIR.glob("*.yaml"))
@@ -78,7 +79,7 @@ def test_recipe_validates(path: Path) -> None:
             f"data.train_path: {LOCAL_DATA[path.name]}: no such file or folder "
             "(a hub dataset is written hf:owner/name?split=...)"
         ]
-    assert cfg.problems() == expected
+    assert config_problems(cfg) == expected
     for s in cfg.eval.sets:  # every eval set has rows: a data path or a named benchmark's
         assert s.resolved().path is not None, s.name
 
@@ -99,7 +100,7 @@ def test_dry_run_of_the_recipe_as_written_offline(
     path: Path, tmp_path: Path, offline: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Offline, a hub recipe still passes: what it could not check is listed."""
-    from rlvr.cli import main
+    from rlvr.cli.main import main
 
     code = main(["train", "--dry-run", "-c", str(path), f"train.output_dir={tmp_path}"])
     captured = capsys.readouterr()
@@ -178,11 +179,11 @@ def tiny_long_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_recipe_trains_one_step_on_tiny_model_and_data(
     path: Path, tiny_long_model_dir: Path, tmp_path: Path
 ) -> None:
-    from rlvr.training.dry_run import make_plan
+    from rlvr.training.preflight.dry_run import make_plan
     from rlvr.training.trainer import Trainer
 
     recipe = load_config(path)
-    cfg = config_from_dict(swap_to_tiny(path, tiny_long_model_dir, tmp_path)).validate()
+    cfg = check_config(config_from_dict(swap_to_tiny(path, tiny_long_model_dir, tmp_path)))
     # the recipe's knobs survive the swap
     assert cfg.algo.objective == recipe.algo.objective
     assert cfg.algo.group_size == recipe.algo.group_size

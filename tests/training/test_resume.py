@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlvr.cli import main as cli_main
+from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
+from rlvr.cli.main import main as cli_main
 from rlvr.config import load_config
-from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
 from rlvr.training.trainer import Trainer
 from sitecustomize import SLOW_SAVE_ENV
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.cli import main as cli_main
+from rlvr.checkpoint.full import checkpoints_dir, write_checkpoint
+from rlvr.checkpoint.resume_plan import plan_resume
+from rlvr.cli.main import main as cli_main
 from rlvr.config import ConfigError, load_config
-from rlvr.training.checkpoint import checkpoints_dir, write_checkpoint
-from rlvr.training.resume_plan import plan_resume
-from rlvr.training.run_loop import rewind_run_files
-from rlvr.training.run_setup import make_run_dir
+from rlvr.training.loop import rewind_run_files
+from rlvr.training.setup import make_run_dir
 
 
 class StubModel:

@@ -7,7 +7,7 @@ import json
 
 from test_train_e2e import tiny_config
 
-import rlvr.telemetry.jsonio as jsonio
+import rlvr.jsonio as jsonio
 from rlvr.training.trainer import Trainer
 
 
@@ -22,7 +22,7 @@ def test_status_summary_and_early_stop_are_written_atomically(
         real(path, text)
 
     import rlvr.eval.in_training as in_training
-    import rlvr.training.run_loop as run_loop
+    import rlvr.training.loop as run_loop
 
     monkeypatch.setattr(run_loop, "atomic_write_text", recording)
     monkeypatch.setattr(in_training, "atomic_write_text", recording)

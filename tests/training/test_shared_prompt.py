@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from test_train_e2e import one_float32_step
 
-from rlvr.training.grouped_attention import GROUPED_EAGER
-from rlvr.training.policy import build_sequence_batch, completion_outputs, sequence_logprobs
-from rlvr.training.shared_prompt import shared_prompt_rows
+from rlvr.model.attention import GROUPED_EAGER
+from rlvr.model.forward import build_sequence_batch, completion_outputs, sequence_logprobs
+from rlvr.model.shared_prompt import shared_prompt_rows
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
 
@@ -161,7 +161,7 @@ def test_a_vision_language_model_shares_a_text_prompt(tiny_vlm_dir):
     pass's log-probs and gradient."""
     from transformers import AutoModelForImageTextToText
 
-    from rlvr.training.vlm import load_processor
+    from rlvr.model.vlm import load_processor
 
     tok = load_processor(tiny_vlm_dir).tokenizer
     prompts, comps = rows_of_two_prompts(tok)

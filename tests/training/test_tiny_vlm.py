@@ -40,7 +40,7 @@ def _prompts(processor, n: int) -> tuple[list[str], list]:
 def test_folder_loads_with_processor_and_image_tokens(tiny_vlm_dir):
     from transformers import AutoModelForImageTextToText
 
-    from rlvr.training.vlm import load_processor
+    from rlvr.model.vlm import load_processor
 
     processor = load_processor(tiny_vlm_dir)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir)
@@ -59,7 +59,7 @@ def test_folder_loads_with_processor_and_image_tokens(tiny_vlm_dir):
 def test_greedy_image_replies_do_not_depend_on_batch_size(tiny_vlm_dir):
     from transformers import AutoModelForImageTextToText
 
-    from rlvr.training.vlm import load_processor
+    from rlvr.model.vlm import load_processor
 
     processor = load_processor(tiny_vlm_dir)
     processor.tokenizer.padding_side = "left"

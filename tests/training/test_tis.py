@@ -10,8 +10,9 @@ import torch
 from test_train_e2e import tiny_config
 
 from rlvr.config import load_config
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.rollout.base import Completion
-from rlvr.training.batch import RolloutBatch
+from rlvr.training.preflight.checks import config_problems
 from rlvr.training.step import tis_weights
 from rlvr.training.trainer import Trainer
 
@@ -80,7 +81,7 @@ def test_objectives_without_a_token_term_refuse_the_cap():
         ("maxent_listwise", []),
     ):
         cfg = load_config(None, [f"algo.objective={objective}", "algo.tis_cap=2", *extra])
-        assert cfg.problems() == [
+        assert config_problems(cfg) == [
             f"algo.tis_cap is not supported by algo.objective={objective} (it has no per-token "
             "policy-gradient term to weight); leave algo.tis_cap null"
         ]

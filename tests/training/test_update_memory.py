@@ -9,7 +9,7 @@ from torch._C._profiler import _EventType
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.profiler import ProfilerActivity, profile
 
-from rlvr.training.policy import logprobs_and_entropy
+from rlvr.model.logprobs import logprobs_and_entropy
 
 
 def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_path, monkeypatch):

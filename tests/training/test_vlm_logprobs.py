@@ -11,19 +11,16 @@ import torch
 Image = pytest.importorskip("PIL.Image")
 
 from rlvr.data.multimodal import collate_vision, render_multimodal_rows, row_images  # noqa: E402
-from rlvr.training.policy import (  # noqa: E402
-    build_sequence_batch,
-    completion_outputs,
-    logprobs_and_entropy,
-)
+from rlvr.model.forward import build_sequence_batch, completion_outputs  # noqa: E402
+from rlvr.model.logprobs import logprobs_and_entropy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     from transformers import AutoModelForImageTextToText
 
+    from rlvr.model.vlm import load_processor
     from rlvr.training.tiny import save_tiny_vlm
-    from rlvr.training.vlm import load_processor
 
     torch.set_num_threads(2)
     path = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")

@@ -112,7 +112,7 @@ def test_whole_model_trains_with_freeze_off(tiny_vlm_dir, tmp_path):
     assert _moved(before, after, vision=True), "the vision tower did not train"
     assert _moved(before, after, vision=False)
     # the run's final folder loads with its processor (what `rlvr eval RUN` reads)
-    from rlvr.training.vlm import load_policy_model
+    from rlvr.model.vlm import load_policy_model
 
     final = Path(trainer.ctx.run_dir) / "final"
     model, _, processor = load_policy_model(str(final))
@@ -130,10 +130,10 @@ def test_image_rows_on_a_text_model_are_refused_before_training(tiny_model_dir, 
 def test_a_vlm_rolls_out_with_transformers(tiny_vlm_dir, tmp_path, monkeypatch):
     """auto picks hf for a VLM even where vLLM is installed; asking for vLLM is refused by name
     (its engine takes no image prompts: README, "Images next to the prompt")."""
-    import rlvr.training.run_setup as run_setup
+    import rlvr.rollout.builder as run_setup
     from rlvr.config import ConfigError
+    from rlvr.model.vlm import load_policy_model
     from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
-    from rlvr.training.vlm import load_policy_model
 
     monkeypatch.setattr(run_setup, "vllm_available", lambda: True)
     model, _, _ = load_policy_model(str(tiny_vlm_dir))

@@ -1,8 +1,9 @@
 """Typed run configuration: YAML file + dotted command-line overrides, checked before any model loads.
 
     cfg = load_config("run.yaml", ["algo.group_size=4", "train.lr=2e-6"])
-    problems = cfg.problems()        # every contradiction, each naming its knob and rule
+    problems = cfg.problems()        # contradictions among its own knobs, each named
     cfg.validate()                   # raises ConfigError listing them
+    # a run checks more (objectives, rewards, data paths): rlvr.training.preflight.checks
 
 A leaf: importing this package loads pydantic and yaml, no other rlvr module. Sections are in
 `sections` (plus `eval`, `health`, `lora`, `reward`), reading in `loading`, the cross-knob checks

@@ -1,8 +1,8 @@
 """The sections of the run config (model, data, rollout, algo, train, logging) and the root `Config`.
 
 Pure data: importing this module loads pydantic and yaml only. The checks that relate knobs to
-each other (and to an objective's own rules) live in `rlvr.config.validate`; `Config.validate()`
-calls them.
+each other live in `rlvr.config.validate` (`Config.validate()` calls them); the checks that need
+other packages (an objective's own rules, reward specs) in `rlvr.training.preflight.checks`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
+from rlvr.config import validate
 from rlvr.config.base import ConfigError, Section
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
@@ -354,10 +355,9 @@ class Config(Section):
 
     # ------------------------------------------------------------------ guardrails
     def problems(self) -> list[str]:
-        """Every contradiction in this config, each naming the knob and the rule it breaks."""
-        from rlvr.config.validate import problems
-
-        return problems(self)
+        """The contradictions among this config's own knobs, each naming the knob and the rule
+        it breaks (a run checks more: `rlvr.training.preflight.checks.config_problems`)."""
+        return validate.problems(self)
 
     def validate_against_model(self, context_length: int | None) -> list[str]:
         """Checks that need the model's config.json (read without loading weights)."""
@@ -372,6 +372,7 @@ class Config(Section):
         return []
 
     def validate(self) -> Config:
+        """This config, or ConfigError listing ``problems()``."""
         probs = self.problems()
         if probs:
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))

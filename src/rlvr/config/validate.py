@@ -1,35 +1,24 @@
-"""Every check that relates knobs to each other, in one place; `Config.validate()` runs it.
+"""The checks that relate knobs to each other within the config; `Config.validate()` runs them.
 
-Each message names the knob and the rule it breaks. An objective's own rules live in its file
-(`rlvr.objectives`, method ``check``); this module asks the registry for them, so it imports the
-objectives (and torch) when called, never when `rlvr.config` is imported.
+Each message names the knob and the rule it breaks. Checks that need another package (an
+objective's own rules from its registry, reward specs, data paths, loss aggregation names) live in
+`rlvr.training.preflight.checks`, which runs these first: config stays a leaf.
 """
 
 from __future__ import annotations
 
-import difflib
+from typing import TYPE_CHECKING
 
-from rlvr.config.sections import Config
+if TYPE_CHECKING:
+    from rlvr.config.sections import Config
 
 TASKS = ("arithmetic", "countdown", "shapes", "file")
 
 
 def problems(cfg: Config) -> list[str]:
-    """Every contradiction in ``cfg`` (an empty list when it can run)."""
-    from rlvr.algorithms import AGG_MODES
-    from rlvr.data.hub import missing_local
-    from rlvr.objectives import OBJECTIVES
-    from rlvr.rewards.runner import validate_reward_spec
-
+    """The contradictions among ``cfg``'s own knobs (an empty list when there are none)."""
     out: list[str] = []
     a = cfg.algo
-    objective = OBJECTIVES.get(a.objective)
-    if objective is None:
-        close = difflib.get_close_matches(a.objective, list(OBJECTIVES), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        out.append(
-            f"algo.objective={a.objective!r} is unknown{hint}; known: {', '.join(OBJECTIVES)}"
-        )
     if a.group_size <= 1:
         out.append(f"algo.group_size={a.group_size}: must be > 1 (group baselines need 2+ samples)")
     if a.prompts_per_step < 1:
@@ -39,19 +28,10 @@ def problems(cfg: Config) -> list[str]:
             f"algo.minibatches={a.minibatches} must divide algo.prompts_per_step={a.prompts_per_step} "
             "(minibatches hold whole prompt groups)"
         )
-    if a.loss_agg != "auto" and a.loss_agg not in AGG_MODES:
-        out.append(f"algo.loss_agg={a.loss_agg!r} is unknown; known: auto, {', '.join(AGG_MODES)}")
     if a.dual_clip is not None and a.dual_clip <= 1.0:
         out.append(f"algo.dual_clip={a.dual_clip}: must be > 1 (or null)")
     if a.kl_target is not None and a.beta <= 0:
         out.append("algo.kl_target is set but algo.beta=0: adaptive KL needs a starting beta > 0")
-    if objective is not None:
-        out.extend(objective.check(cfg))
-        if a.tis_cap is not None and not objective.supports_tis:
-            out.append(
-                f"algo.tis_cap is not supported by algo.objective={a.objective} (it has no "
-                "per-token policy-gradient term to weight); leave algo.tis_cap null"
-            )
     if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
         out.append(
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "
@@ -64,20 +44,6 @@ def problems(cfg: Config) -> list[str]:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:
         out.append("data.task=file needs data.train_path")
-    for key, p in (
-        ("data.train_path", cfg.data.train_path),
-        ("data.eval_path", cfg.data.eval_path),
-    ):
-        if p and (why := missing_local(p)):
-            out.append(f"{key}: {why}")
-    for i, es in enumerate(cfg.eval.sets):
-        if es.path and (why := missing_local(es.path)):
-            out.append(f"eval.sets[{i}] ({es.name}): {why}")
-        if es.grader is not None:
-            try:
-                validate_reward_spec({"name": es.grader})
-            except ValueError as exc:
-                out.append(f"eval.sets[{i}] ({es.name}).grader: {exc}")
     if cfg.data.task == "shapes" and cfg.data.template != "chat":
         out.append(
             f"data.task=shapes with data.template={cfg.data.template}: image rows need "
@@ -85,11 +51,6 @@ def problems(cfg: Config) -> list[str]:
         )
     if cfg.data.task not in TASKS:
         out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
-    for i, spec in enumerate(cfg.reward.specs):
-        try:
-            validate_reward_spec(spec)
-        except ValueError as exc:
-            out.append(f"reward.specs[{i}]: {exc}")
     b1, b2 = cfg.train.adam_betas
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         out.append(f"train.adam_betas={list(cfg.train.adam_betas)}: each beta must be in [0, 1)")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qsl
 
-from rlvr.data.loaders import DataError, _BadRecord, _Record
+from rlvr.data.records import BadRecord, DataError, Record
 
 HUB_PREFIX = "hf:"
 OPTIONS = ("split", "config", "revision", "streaming")
@@ -120,11 +120,11 @@ def missing_local(text: str) -> str | None:
     return None
 
 
-def read_dataset_records(src: Source) -> Iterator[_Record]:
+def read_dataset_records(src: Source) -> Iterator[Record]:
     """Records of a hub id or a folder (hub layout or save_to_disk), one per row, 0-based."""
     dataset = _load_saved(src) if src.kind == "saved" else _load(src)
     for index, value in enumerate(dataset):
-        yield _Record(index, f"row {index}", value)
+        yield Record(index, f"row {index}", value)
 
 
 def _load(src: Source) -> Any:
@@ -194,7 +194,7 @@ def _first_line(exc: BaseException) -> str:
 def extract_reference(answer: str, mode: str, field: str) -> str:
     """The reference answer inside a worked solution (``mode`` gsm8k or boxed; none: as is).
 
-    Raises `_BadRecord` naming the field when the solution holds no such answer.
+    Raises `BadRecord` naming the field when the solution holds no such answer.
     """
     if mode == "none":
         return answer
@@ -204,5 +204,5 @@ def extract_reference(answer: str, mode: str, field: str) -> str:
     if not found:
         what = "'#### answer' line" if mode == "gsm8k" else "\\boxed{} answer"
         snippet = answer if len(answer) <= 60 else "..." + answer[-57:]
-        raise _BadRecord("no_answer", f"answer field {field!r} has no {what}: {snippet!r}")
+        raise BadRecord("no_answer", f"answer field {field!r} has no {what}: {snippet!r}")
     return found.replace(",", "") if mode == "gsm8k" else found

@@ -23,73 +23,14 @@ import csv
 import json
 import logging
 import math
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
+from rlvr.data.records import KNOWN_FORMATS, BadRecord, BadRow, DataError, LoadReport, Record
+
 logger = logging.getLogger(__name__)
-
-KNOWN_FORMATS = (".jsonl", ".json", ".csv", ".parquet", "a dataset folder", "hf:owner/name")
-
-
-class DataError(ValueError):
-    """A data file, or a row in it, cannot be used. The message names file, line/row and field."""
-
-
-@dataclass(frozen=True)
-class BadRow:
-    """One skipped record: where it was (`source` = "file:N"), a short `kind`, and the full message."""
-
-    source: str
-    kind: str
-    message: str
-
-
-@dataclass
-class LoadReport:
-    """What `load_rows_with_report` read, kept and skipped from one input."""
-
-    path: str
-    records_read: int = 0
-    rows_kept: int = 0
-    skipped: list[BadRow] = field(default_factory=list)
-
-    @property
-    def skipped_by_kind(self) -> dict[str, int]:
-        """Number of skipped records per kind, e.g. {"invalid_json": 2, "missing_field": 1}."""
-        return dict(Counter(bad.kind for bad in self.skipped))
-
-    def summary(self) -> str:
-        """One line for the log, with the first skipped record's message when there is one."""
-        text = (
-            f"{self.path}: read {self.records_read} records, kept {self.rows_kept}, "
-            f"skipped {len(self.skipped)}"
-        )
-        if self.skipped:
-            kinds = ", ".join(f"{k}: {n}" for k, n in sorted(self.skipped_by_kind.items()))
-            text += f" ({kinds}); first skipped: {self.skipped[0].message}"
-        return text
-
-
-class _BadRecord(Exception):
-    """Internal: raised by readers and `_normalise`; becomes a DataError or a skipped BadRow."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-
-
-@dataclass(frozen=True)
-class _Record:
-    """A raw record before normalisation. `where` reads "line 7" or "row 6"; `number` is 7 or 6."""
-
-    number: int
-    where: str
-    value: Any = None
-    error: _BadRecord | None = None  # set when the reader could not even parse the record
 
 
 def load_rows(
@@ -157,7 +98,6 @@ def load_rows_with_report(
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
 
-    from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
     from rlvr.data.multimodal import resolve_image_paths
 
     src = parse_source(path, split)
@@ -181,8 +121,8 @@ def load_rows_with_report(
             # relative image paths name files beside the data file; a missing one is a bad row
             missing = resolve_image_paths(row, Path(path).parent) if src.kind == "file" else []
             if missing:
-                raise _BadRecord("missing_image", f"field 'images': no such file {missing[0]}")
-        except _BadRecord as bad:
+                raise BadRecord("missing_image", f"field 'images': no such file {missing[0]}")
+        except BadRecord as bad:
             message = f"{path} {record.where}: {bad.message}"
             if on_bad_row == "error":
                 raise DataError(message) from None
@@ -205,20 +145,20 @@ def _normalise(
     require_answer: bool,
     system_prompt: str | None,
 ) -> dict:
-    """Check one record and add the normalised keys. Raises _BadRecord naming the field."""
+    """Check one record and add the normalised keys. Raises BadRecord naming the field."""
     if not isinstance(value, dict):
-        raise _BadRecord("not_an_object", f"expected an object, got {type(value).__name__}")
+        raise BadRecord("not_an_object", f"expected an object, got {type(value).__name__}")
     present = ", ".join(repr(k) for k in value) or "none"
     prompt = value.get(prompt_field)
     if prompt is None:
         raise _missing("prompt", prompt_field, value, present)
     if not isinstance(prompt, str):
-        raise _BadRecord(
+        raise BadRecord(
             "wrong_type",
             f"prompt field {prompt_field!r} must be a string, got {type(prompt).__name__}",
         )
     if not prompt.strip():
-        raise _BadRecord("empty_field", f"prompt field {prompt_field!r} is empty")
+        raise BadRecord("empty_field", f"prompt field {prompt_field!r} is empty")
 
     raw_answer = value.get(answer_field)
     if raw_answer is None:
@@ -228,13 +168,13 @@ def _normalise(
     else:
         answer = _answer_to_str(raw_answer, answer_field)
         if require_answer and not answer:
-            raise _BadRecord("empty_field", f"answer field {answer_field!r} is empty")
+            raise BadRecord("empty_field", f"answer field {answer_field!r} is empty")
 
     for role, name, text in (("prompt", prompt_field, prompt), ("answer", answer_field, answer)):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # e.g. a lone surrogate escape "\ud800" in JSON
-            raise _BadRecord(
+            raise BadRecord(
                 "bad_text",
                 f"{role} field {name!r} is not valid Unicode text ({exc.reason} at {exc.start})",
             ) from None
@@ -247,11 +187,11 @@ def _normalise(
     return row
 
 
-def _missing(role: str, name: str, value: dict, present: str) -> _BadRecord:
+def _missing(role: str, name: str, value: dict, present: str) -> BadRecord:
     """A missing field and a null one read differently; both are "missing_field" when counted."""
     if name in value:
-        return _BadRecord("missing_field", f"{role} field {name!r} is null")
-    return _BadRecord("missing_field", f"no {role} field {name!r} (fields present: {present})")
+        return BadRecord("missing_field", f"{role} field {name!r} is null")
+    return BadRecord("missing_field", f"no {role} field {name!r} (fields present: {present})")
 
 
 def _answer_to_str(raw: Any, answer_field: str) -> str:
@@ -266,16 +206,16 @@ def _answer_to_str(raw: Any, answer_field: str) -> str:
     if isinstance(raw, list) and len(raw) == 1:  # e.g. OlympiadBench's final_answer: ["$x$"]
         return _answer_to_str(raw[0], answer_field)
     if isinstance(raw, bool):  # bool is an int subclass; True is not a reference answer
-        raise _BadRecord(
+        raise BadRecord(
             "wrong_type", f"answer field {answer_field!r} must be a string or number, got bool"
         )
     if isinstance(raw, int):
         return str(raw)
     if isinstance(raw, float):
         if not math.isfinite(raw):
-            raise _BadRecord("wrong_type", f"answer field {answer_field!r} is {raw}")
+            raise BadRecord("wrong_type", f"answer field {answer_field!r} is {raw}")
         return str(int(raw)) if raw.is_integer() else repr(raw)
-    raise _BadRecord(
+    raise BadRecord(
         "wrong_type",
         f"answer field {answer_field!r} must be a string or number, got {type(raw).__name__}",
     )
@@ -284,7 +224,7 @@ def _answer_to_str(raw: Any, answer_field: str) -> str:
 # --------------------------------------------------------------------------- readers
 
 
-def _read_file(path: Path) -> Iterator[_Record]:
+def _read_file(path: Path) -> Iterator[Record]:
     """Pick the reader of a local file by its suffix."""
     readers = {
         ".jsonl": _read_jsonl,
@@ -300,7 +240,7 @@ def _read_file(path: Path) -> Iterator[_Record]:
     return readers[suffix](path)
 
 
-def _read_jsonl(path: Path) -> Iterator[_Record]:
+def _read_jsonl(path: Path) -> Iterator[Record]:
     # Read bytes and decode line by line, so one badly encoded line is one bad record.
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -308,21 +248,21 @@ def _read_jsonl(path: Path) -> Iterator[_Record]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                bad = _BadRecord("invalid_utf8", f"not UTF-8 text ({err.reason})")
-                yield _Record(number, where, error=bad)
+                bad = BadRecord("invalid_utf8", f"not UTF-8 text ({err.reason})")
+                yield Record(number, where, error=bad)
                 continue
             if not line.strip():
                 continue
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as err:
-                bad = _BadRecord("invalid_json", f"invalid JSON ({err.msg} at column {err.colno})")
-                yield _Record(number, where, error=bad)
+                bad = BadRecord("invalid_json", f"invalid JSON ({err.msg} at column {err.colno})")
+                yield Record(number, where, error=bad)
                 continue
-            yield _Record(number, where, value)
+            yield Record(number, where, value)
 
 
-def _read_json(path: Path) -> Iterator[_Record]:
+def _read_json(path: Path) -> Iterator[Record]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as err:
@@ -336,10 +276,10 @@ def _read_json(path: Path) -> Iterator[_Record]:
             "(use .jsonl for one object per line)"
         )
     for index, value in enumerate(data):
-        yield _Record(index, f"row {index}", value)
+        yield Record(index, f"row {index}", value)
 
 
-def _read_csv(path: Path) -> Iterator[_Record]:
+def _read_csv(path: Path) -> Iterator[Record]:
     try:
         yield from _read_csv_records(path)
     except UnicodeDecodeError as err:
@@ -348,7 +288,7 @@ def _read_csv(path: Path) -> Iterator[_Record]:
         raise DataError(f"{path}: unreadable CSV ({err})") from None
 
 
-def _read_csv_records(path: Path) -> Iterator[_Record]:
+def _read_csv_records(path: Path) -> Iterator[Record]:
     # utf-8-sig drops the byte-order mark that spreadsheet exports put before the header.
     with path.open(encoding="utf-8-sig", newline="") as handle:
         reader = csv.reader(handle)
@@ -366,15 +306,15 @@ def _read_csv_records(path: Path) -> Iterator[_Record]:
             if not cells:
                 continue
             if len(cells) != len(header):
-                bad = _BadRecord(
+                bad = BadRecord(
                     "bad_csv_row", f"has {len(cells)} fields but the header has {len(header)}"
                 )
-                yield _Record(number, f"line {number}", error=bad)
+                yield Record(number, f"line {number}", error=bad)
                 continue
-            yield _Record(number, f"line {number}", dict(zip(header, cells, strict=True)))
+            yield Record(number, f"line {number}", dict(zip(header, cells, strict=True)))
 
 
-def _read_parquet(path: Path) -> Iterator[_Record]:
+def _read_parquet(path: Path) -> Iterator[Record]:
     import pyarrow.parquet as pq
 
     try:
@@ -384,5 +324,5 @@ def _read_parquet(path: Path) -> Iterator[_Record]:
     index = 0
     for batch in parquet.iter_batches(batch_size=1024):
         for value in batch.to_pylist():
-            yield _Record(index, f"row {index}", value)
+            yield Record(index, f"row {index}", value)
             index += 1

@@ -34,7 +34,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rlvr.data.loaders import DataError, load_rows_with_report
+from rlvr.data.loaders import load_rows_with_report
+from rlvr.data.records import DataError
 
 logger = logging.getLogger(__name__)
 

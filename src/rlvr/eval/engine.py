@@ -60,7 +60,7 @@ def hf_eval_engine(
 
 def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
     """The engine of `rlvr eval` / filter-difficulty: the config's engine at ``eval.dtype``."""
-    from rlvr.training.run_setup import engine_for  # auto resolved as training resolves it
+    from rlvr.rollout.builder import engine_for  # auto resolved as training resolves it
 
     dtype = resolve_eval_dtype(cfg, next(model.parameters()).device)
     if engine_for(cfg, model) == "vllm":
@@ -95,9 +95,9 @@ def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=
     """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
     batch size, recording the provenance: both evaluators call this, so they cannot differ.
     ``processor``: a vision-language model's, for sets whose rows carry images."""
+    from rlvr.data.rows import reward_specs
     from rlvr.eval.evaluator import evaluate_sets
     from rlvr.eval.provenance import provenance
-    from rlvr.training.run_setup import reward_specs
 
     max_new_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     batch_size = eval_batch_size(cfg)

@@ -21,9 +21,9 @@ from rlvr.config.eval import EvalModeConfig
 from rlvr.data.multimodal import render_inputs
 from rlvr.eval.metrics import summarize
 from rlvr.eval.reply_stats import reply_stats
+from rlvr.jsonio import atomic_write_text
 from rlvr.rewards.math import extract_answer
 from rlvr.rollout.base import SamplingParams
-from rlvr.telemetry.jsonio import atomic_write_text
 
 
 def sampling_params(

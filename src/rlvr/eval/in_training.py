@@ -22,7 +22,7 @@ from rlvr.eval.early_stop import EarlyStopper
 from rlvr.eval.engine import evaluate_config_sets, training_eval_engine
 from rlvr.eval.evaluator import EvalSet, eval_payload, write_eval_file
 from rlvr.eval.sets import build_eval_sets
-from rlvr.telemetry.jsonio import atomic_write_text
+from rlvr.jsonio import atomic_write_text
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import torch
 
-from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
-from rlvr.training.distributed import DistInfo, device_for
-from rlvr.training.policy import ModelLoadError, prepare_tokenizer
-from rlvr.training.run_setup import use_training_attention
-from rlvr.training.vlm import load_policy_model, load_processor
+from rlvr.checkpoint.sharded import export_full_model, is_sharded
+from rlvr.distributed import DistInfo, device_for
+from rlvr.model.attention import use_training_attention
+from rlvr.model.loading import ModelLoadError, prepare_tokenizer
+from rlvr.model.vlm import load_policy_model, load_processor
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
 ADAPTER_CONFIG = "adapter_config.json"
-CHECKPOINT_MODEL = "model"  # rlvr.training.checkpoint.MODEL_DIR
+CHECKPOINT_MODEL = "model"  # rlvr.checkpoint.full.MODEL_DIR
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 import torch
 
 from rlvr.algorithms import aggregate, kl_estimate, policy_loss
-from rlvr.training.batching import length_micro_batches
-from rlvr.training.policy import SequenceBatch, completion_logits
+from rlvr.model.forward import SequenceBatch, completion_logits
+from rlvr.objectives.micro_batches import length_micro_batches
 
 if TYPE_CHECKING:
     from rlvr.config import Config
-    from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch
+    from rlvr.objectives.batch import MicroBatch, MinibatchCounts, RolloutBatch
 
 OBJECTIVES: dict[str, type[Objective]] = {}
 T = TypeVar("T", bound="type[Objective]")

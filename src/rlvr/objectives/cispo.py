@@ -18,8 +18,8 @@ import torch
 
 from rlvr.algorithms import cispo_loss, ratio_stats
 from rlvr.objectives.base import register
+from rlvr.objectives.batch import MicroBatch, MinibatchCounts
 from rlvr.objectives.group import GroupObjective
-from rlvr.training.batch import MicroBatch, MinibatchCounts
 
 
 @register("cispo")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlvr.algorithms import group_advantages
 from rlvr.objectives.base import Objective, register
-from rlvr.training.batch import RolloutBatch
+from rlvr.objectives.batch import RolloutBatch
 
 
 class GroupObjective(Objective):

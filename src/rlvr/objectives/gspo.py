@@ -19,8 +19,8 @@ import torch
 
 from rlvr.algorithms import gspo_loss, ratio_stats
 from rlvr.objectives.base import register
+from rlvr.objectives.batch import MicroBatch, MinibatchCounts
 from rlvr.objectives.group import GroupObjective
-from rlvr.training.batch import MicroBatch, MinibatchCounts
 
 PAPER_CLIP = (3e-4, 4e-4)  # (clip_low, clip_high), arXiv 2507.18071
 MAX_CLIP = 0.01  # above this the sequence clip is a token-level range by mistake

@@ -18,8 +18,8 @@ from rlvr.algorithms import (
     sequence_logp,
 )
 from rlvr.objectives.base import Objective, register
-from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
-from rlvr.training.batching import micro_batches
+from rlvr.objectives.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
+from rlvr.objectives.micro_batches import micro_batches
 
 
 @register("maxent_listwise")

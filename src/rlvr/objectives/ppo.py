@@ -13,10 +13,10 @@ from collections.abc import Callable
 import torch
 
 from rlvr.algorithms import gae_advantages, value_loss, whiten
+from rlvr.distributed import sum_over_ranks
+from rlvr.model.forward import SequenceBatch, completion_outputs
 from rlvr.objectives.base import Needs, Objective, no_wrap, register
-from rlvr.training.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
-from rlvr.training.distributed import sum_over_ranks
-from rlvr.training.policy import SequenceBatch, completion_outputs
+from rlvr.objectives.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
 
 
 @register("ppo")

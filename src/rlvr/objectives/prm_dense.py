@@ -11,8 +11,8 @@ import numpy as np
 
 from rlvr.algorithms import dense_step_advantages
 from rlvr.objectives.base import register
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.objectives.psgrpo import PSGRPOSteps
-from rlvr.training.batch import RolloutBatch
 
 
 @register("prm_dense")

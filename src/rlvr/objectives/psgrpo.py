@@ -1,7 +1,7 @@
 """PS-GRPO "variant 2" (URSA, arXiv 2501.04686): per-token advantages from process-reward-model
 step scores plus the group-normalised outcome (`rlvr.algorithms.psgrpo_step_advantages`).
 
-The PRM scores each reply's steps; `rlvr.training.psgrpo_steps` maps steps onto tokens through
+The PRM scores each reply's steps; `rlvr.objectives.psgrpo_steps` maps steps onto tokens through
 the tokenizer's character offsets.
 """
 
@@ -11,7 +11,7 @@ import numpy as np
 
 from rlvr.algorithms import psgrpo_step_advantages
 from rlvr.objectives.base import Objective, register
-from rlvr.training.batch import RolloutBatch
+from rlvr.objectives.batch import RolloutBatch
 
 
 @register("psgrpo_steps")
@@ -26,8 +26,8 @@ class PSGRPOSteps(Objective):
 
     def __init__(self, cfg, tokenizer=None) -> None:
         super().__init__(cfg, tokenizer)
+        from rlvr.objectives.psgrpo_steps import StepScorer
         from rlvr.rewards.registry import build_prm
-        from rlvr.training.psgrpo_steps import StepScorer
 
         ps = cfg.algo.psgrpo
         prm = (

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from rlvr.model.shared_prompt import distinct_rows
 from rlvr.rollout.base import SamplingParams
 
 
@@ -232,21 +233,6 @@ def decode(
             use_cache=True,
         )
     return replies
-
-
-def distinct_rows(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(firsts, copies)``: the first row of each distinct prompt (ids and mask alike) and, for
-    every row, which of those it repeats, so ``x[firsts][copies]`` is ``x``; ``(None, None)``
-    when no two rows are the same. On CPU indices, whatever the rows' device."""
-    rows = torch.cat([input_ids, attention_mask], dim=1).cpu()
-    _, copies, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
-    if len(counts) == rows.shape[0]:
-        return None, None
-    firsts = torch.full((len(counts),), rows.shape[0], dtype=torch.long)
-    firsts.scatter_reduce_(0, copies, torch.arange(rows.shape[0]), reduce="amin")
-    return firsts, copies
 
 
 def _all_done(local: bool, synced: bool, device: torch.device) -> bool:

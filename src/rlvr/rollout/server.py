@@ -18,12 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +28,16 @@ from pathlib import Path
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.server_launch import (
+    check_port_free,
+    free_port,
+    http_get,
+    http_post,
+    server_command,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 from rlvr.rollout.server_worker import DTYPES, trainer_group
 from rlvr.rollout.vllm_setup import (
     DTYPE_NAMES,
@@ -48,54 +55,6 @@ from rlvr.rollout.weight_sync import (
 )
 
 DEFAULT_BUCKET_BYTES = 128 * 2**20
-
-
-# ---------------------------------------------------------------------- HTTP (stdlib only)
-def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url + path, data=data, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:2000]
-        raise RuntimeError(f"rollout server {url}{path}: HTTP {exc.code}: {detail}") from exc
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ConnectionError(
-            f"rollout server at {url} is not reachable ({path}: {reason}); start it with "
-            "`rlvr rollout-server --config RUN.yaml` or check rollout.server_url"
-        ) from exc
-    return json.loads(raw) if raw else {}
-
-
-def http_get(url: str, path: str, *, timeout_s: float | None = 30) -> dict:
-    return _call(url, path, None, timeout_s)
-
-
-def http_post(url: str, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
-    return _call(url, path, body, timeout_s)
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(host: str, port: int) -> None:
-    """A port in use would let the health check reach some other server, not the one started."""
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ValueError(
-                f"rollout.server_port={port} is in use on {host} ({exc.strerror}); if a rollout "
-                f"server runs there, set rollout.server_url=http://{host}:{port}, else pick "
-                "another port"
-            ) from exc
 
 
 def request_seeds(params: SamplingParams, n_prompts: int) -> list[int | None]:
@@ -191,7 +150,6 @@ class ServerEngine:
     def from_trainer(cls, cfg, model: torch.nn.Module, tokenizer, *, workdir=None) -> ServerEngine:
         """Connect to ``rollout.server_url`` and push ``model``'s weights, or (no URL) start a
         server on a folder of ``model``'s current weights and stop it on ``close()``."""
-        from rlvr.rollout.server_launch import server_command, start_server, wait_healthy
 
         r = cfg.rollout
         plan = lora_merge_plan(model)
@@ -228,8 +186,6 @@ class ServerEngine:
             return engine
         except BaseException:
             if proc is not None:
-                from rlvr.rollout.server_launch import stop_server
-
                 stop_server(proc)
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -362,8 +318,6 @@ class ServerEngine:
                 self._rpc("rlvr_leave", timeout_s=30)  # fails when the server is gone already
             self._group = self._store = None
         if proc is not None:
-            from rlvr.rollout.server_launch import stop_server
-
             stop_server(proc)
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)

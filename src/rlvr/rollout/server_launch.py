@@ -12,11 +12,15 @@ No vLLM import here.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -32,6 +36,55 @@ from rlvr.rollout.vllm_setup import (
 )
 
 WORKER_EXTENSION = "rlvr.rollout.server_worker.WeightReceiver"
+
+
+# ---------------------------------------------------------------------- HTTP (stdlib only)
+# ---------------------------------------------------------------------- HTTP (stdlib only)
+def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url + path, data=data, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:2000]
+        raise RuntimeError(f"rollout server {url}{path}: HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ConnectionError(
+            f"rollout server at {url} is not reachable ({path}: {reason}); start it with "
+            "`rlvr rollout-server --config RUN.yaml` or check rollout.server_url"
+        ) from exc
+    return json.loads(raw) if raw else {}
+
+
+def http_get(url: str, path: str, *, timeout_s: float | None = 30) -> dict:
+    return _call(url, path, None, timeout_s)
+
+
+def http_post(url: str, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
+    return _call(url, path, body, timeout_s)
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A port in use would let the health check reach some other server, not the one started."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(
+                f"rollout.server_port={port} is in use on {host} ({exc.strerror}); if a rollout "
+                f"server runs there, set rollout.server_url=http://{host}:{port}, else pick "
+                "another port"
+            ) from exc
 
 
 def server_command(
@@ -127,7 +180,6 @@ def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
 def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float, log: Path | None):
     """Block until ``url``/health answers; a server process that exits first is an error with
     the tail of its log."""
-    from rlvr.rollout.server import http_get
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -162,8 +214,8 @@ def serve_forever(cfg, *, port: int | None = None, host: str = "0.0.0.0") -> int
     """``rlvr rollout-server``: run the server for ``cfg``'s model in the foreground (this
     process becomes vLLM's server). Trainers connect with ``rollout.server_url`` and push their
     weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``)."""
+    from rlvr.model.loading import resolve_model_path
     from rlvr.rollout.vllm_setup import engine_dtype
-    from rlvr.training.policy import resolve_model_path
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = resolve_model_path(cfg.model.name_or_path)

@@ -33,7 +33,7 @@ def engine_dtype(cfg, device: torch.device | str) -> torch.dtype:
     """The dtype the engine computes in: the trainer's numerics (bf16 when the trainer's weights
     are bf16 or its forward passes run under bf16 autocast, float32 otherwise), so the engine's
     log-probs and the trainer's agree as closely as the two precisions allow."""
-    from rlvr.training.policy import bf16_supported
+    from rlvr.model.precision import bf16_supported
 
     m = cfg.model
     if m.dtype == "bfloat16":

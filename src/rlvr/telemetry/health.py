@@ -29,15 +29,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from rlvr.config.health import HealthConfig
+from rlvr.jsonio import append_line, atomic_write_text, dumps_line, loads_strict, read_jsonl
 from rlvr.telemetry.health_quiet import QUIET_RULES
 from rlvr.telemetry.health_rules import MISSING, RULES, Finding
-from rlvr.telemetry.jsonio import (
-    append_line,
-    atomic_write_text,
-    dumps_line,
-    loads_strict,
-    read_jsonl,
-)
 from rlvr.telemetry.playbook import ADVICE
 
 ALL_RULES = RULES + QUIET_RULES

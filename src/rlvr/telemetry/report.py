@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.telemetry.jsonio import atomic_write_text
+from rlvr.jsonio import atomic_write_text
 from rlvr.telemetry.plots import PLOTS
 from rlvr.telemetry.report_data import ABSENT, RunData, config_diff, load_run, run_labels, series
 from rlvr.telemetry.report_eval import eval_section

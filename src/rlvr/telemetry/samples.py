@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.telemetry.jsonio import atomic_write_text, dumps_line, read_jsonl
+from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
 
 SAMPLES_DIR = "samples"
 _SAMPLE_FILE = re.compile(r"^step_(\d+)\.jsonl$")

@@ -15,13 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlvr.telemetry.jsonio import (
-    atomic_write_text,
-    drop_torn_tail,
-    dumps_line,
-    read_jsonl,
-    to_jsonable,
-)
+from rlvr.jsonio import atomic_write_text, drop_torn_tail, dumps_line, read_jsonl, to_jsonable
 
 log = logging.getLogger(__name__)
 

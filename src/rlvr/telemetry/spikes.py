@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.telemetry.jsonio import append_line, read_jsonl
+from rlvr.jsonio import append_line, read_jsonl
 
 SPIKES_FILE = "spikes.jsonl"
 

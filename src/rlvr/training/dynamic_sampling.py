@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from rlvr.data.multimodal import PromptVision
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
-from rlvr.training.batch import RolloutBatch
 
 
 def informative_groups(scores: torch.Tensor, valid: torch.Tensor) -> list[bool]:

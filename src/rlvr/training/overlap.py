@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.rollout.base import Completion
-from rlvr.training.batch import RolloutBatch
 
 
 class Lookahead:

@@ -20,14 +20,14 @@ import torch
 from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
 from rlvr.config import Config
 from rlvr.data.multimodal import render_inputs
+from rlvr.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives import Objective
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards, RewardRunner
 from rlvr.rollout.base import SamplingParams
-from rlvr.training.batch import RolloutBatch
-from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
 from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
-from rlvr.training.policy import completion_logprobs
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import advantage_stats, rollout_metrics
 from rlvr.training.update import UpdateEnv, engine_diffs, update

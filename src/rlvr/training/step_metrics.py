@@ -10,7 +10,7 @@ import torch
 from rlvr.rollout.base import Completion
 
 if TYPE_CHECKING:
-    from rlvr.training.batch import RolloutBatch
+    from rlvr.objectives.batch import RolloutBatch
 
 # Statistics of policy_loss that are averaged over micro-batches, and those that take the extreme.
 _MEAN_KEYS = (

@@ -1,4 +1,11 @@
-"""Tiny random models over a small real tokenizer, for tests and quick demos. Nothing is downloaded."""
+"""Tiny random models over a small real tokenizer, for tests and quick demos. Nothing is downloaded.
+
+Text: a Llama/Qwen2-shaped causal LM over a character-level tokenizer (``save_tiny_model``).
+Vision-language: a Qwen2-VL shaped model whose configs are written by hand with tiny sizes; its
+tokenizer is the char tokenizer plus the Qwen2-VL vision special tokens, and its image processor
+is transformers' own Qwen2-VL image processor with a small pixel budget (a 56x56 image becomes a
+4x4 patch grid, i.e. 4 image tokens after the 2x2 merge) (``save_tiny_vlm``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ import string
 from pathlib import Path
 
 import torch
+
+from rlvr.model.vlm import image_only_processor_class
 
 _CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -88,8 +97,122 @@ def save_tiny_model(out_dir: Path, **kwargs) -> Path:
     return out_dir
 
 
-def save_tiny_vlm(out_dir: Path, **kwargs) -> Path:
-    """Write a tiny random Qwen2-VL shaped model folder with its processor (see ``tiny_vlm``)."""
-    from rlvr.training.tiny_vlm import save_tiny_vlm as _save
+# ----------------------------------------------------------------------------- vision-language
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 
-    return _save(out_dir, **kwargs)
+# Qwen2-VL's chat template, reduced: string content, or a list of {"type": "image"} and
+# {"type": "text", "text": ...} entries; each image becomes <|vision_start|><|image_pad|><|vision_end|>
+# (the processor expands <|image_pad|> to one token per merged patch).
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for item in message['content'] %}"
+    "{% if item['type'] == 'image' or 'image' in item %}{{'<|vision_start|><|image_pad|><|vision_end|>'}}"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{'<|im_end|>\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n'}}{% endif %}"
+)
+
+TINY_PIXELS = 56 * 56  # min = max: every image is resized to about 56x56 pixels
+
+
+def build_vlm_tokenizer():
+    """The char tokenizer plus the Qwen2-VL vision special tokens and the multimodal chat template."""
+    tok = build_char_tokenizer()
+    tok.add_tokens(list(VISION_TOKENS), special_tokens=True)
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    return tok
+
+
+def build_vlm_processor(tokenizer=None):
+    """A ``Qwen2VLProcessor`` (transformers' image processor, tiny pixel budget) over the tokenizer."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = tokenizer if tokenizer is not None else build_vlm_tokenizer()
+    image_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": TINY_PIXELS, "longest_edge": TINY_PIXELS},
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+    )
+    return image_only_processor_class()(image_processor, tokenizer, chat_template=VLM_CHAT_TEMPLATE)
+
+
+def build_tiny_vlm(
+    tokenizer,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 1,
+    intermediate: int = 128,
+    vision_depth: int = 2,
+    vision_dim: int = 32,
+    vision_heads: int = 2,
+    max_positions: int = 1024,
+    init_range: float = 0.2,
+    seed: int = 0,
+) -> torch.nn.Module:
+    """A randomly initialised ``Qwen2VLForConditionalGeneration`` over ``tokenizer``'s vocabulary."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    head_dim = hidden // heads
+    half = head_dim // 2
+    section = [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]  # sums to head_dim / 2
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    text_config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": max_positions,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": section,
+        },
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "initializer_range": init_range,  # wide enough that greedy replies differ by prompt
+    }
+    vision_config = {
+        "depth": vision_depth,
+        "embed_dim": vision_dim,
+        "hidden_size": hidden,
+        "num_heads": vision_heads,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "initializer_range": init_range,
+    }
+    config = Qwen2VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model
+
+
+def save_tiny_vlm(out_dir: Path, **kwargs) -> Path:
+    """Write a tiny VLM folder (model, tokenizer, processor) that ``AutoProcessor`` and
+    ``AutoModelForImageTextToText`` load."""
+    out_dir = Path(out_dir)
+    tokenizer = build_vlm_tokenizer()
+    processor = build_vlm_processor(tokenizer)
+    model = build_tiny_vlm(tokenizer, **kwargs)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir

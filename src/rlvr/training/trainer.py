@@ -16,11 +16,12 @@ import torch
 
 from rlvr.algorithms import AdaptiveKLController, FixedKLController
 from rlvr.config import Config
-from rlvr.training.batch import RolloutBatch
+from rlvr.distributed import DistInfo
+from rlvr.model.forward import completion_logits
+from rlvr.model.logprobs import completion_logprobs
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.training.batching import PromptSampler
-from rlvr.training.distributed import DistInfo
-from rlvr.training.policy import completion_logits, completion_logprobs
-from rlvr.training.run_setup import RunContext, setup_run
+from rlvr.training.setup import RunContext, setup_run
 from rlvr.training.state import TrainState
 from rlvr.training.step import Step
 
@@ -100,7 +101,7 @@ class Trainer:
 
     def fit(self) -> dict:
         """Train for ``train.max_steps`` steps with evals around it; returns the summary."""
-        from rlvr.training.run_loop import run_training
+        from rlvr.training.loop import run_training
 
         return run_training(self)
 

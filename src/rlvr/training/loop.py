@@ -12,7 +12,14 @@ from tqdm.auto import tqdm
 
 from rlvr import onednn_cache
 from rlvr.allocator import describe as describe_allocator
+from rlvr.checkpoint.full import latest_checkpoint, restore_checkpoint, save_checkpoint
+from rlvr.checkpoint.sharded import restore_sharded_checkpoint, save_sharded_checkpoint
+from rlvr.distributed import barrier, full_state_dict
 from rlvr.eval.in_training import InTrainingEvaluator
+from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
+from rlvr.model.loading import save_model_folder
+from rlvr.model.precision import precision_text
+from rlvr.objectives.batch import RolloutBatch
 from rlvr.telemetry.health import (
     HEALTH_EVENTS_FILE,
     HEALTH_FILE,
@@ -21,16 +28,9 @@ from rlvr.telemetry.health import (
     first_stop,
     write_health,
 )
-from rlvr.telemetry.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.telemetry.samples import list_sample_steps, samples_path, write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE, SpikeLog
-from rlvr.training.batch import RolloutBatch
-from rlvr.training.checkpoint import latest_checkpoint, restore_checkpoint, save_checkpoint
-from rlvr.training.checkpoint_dcp import restore_sharded_checkpoint, save_sharded_checkpoint
-from rlvr.training.distributed import barrier, full_state_dict
-from rlvr.training.policy import save_model_folder
-from rlvr.training.run_setup import precision_text
 from rlvr.training.step import sync_engine
 
 

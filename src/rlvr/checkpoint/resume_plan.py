@@ -53,7 +53,7 @@ def plan_resume(cfg: Config, run_dir: Path | None = None) -> ResumePlan | None:
     without a complete checkpoint starts over in its directory. A path: that run directory,
     which must hold a complete checkpoint.
     """
-    from rlvr.training.checkpoint import checkpoints_dir, latest_checkpoint
+    from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
 
     resume = cfg.train.resume
     if not resume:

@@ -8,7 +8,8 @@ import platform
 import torch
 
 from rlvr.allocator import resolve as resolve_allocator
-from rlvr.training.policy import DEFAULT_MODEL, bf16_supported, cache_dir, default_gguf_path
+from rlvr.model.loading import DEFAULT_MODEL, cache_dir, default_gguf_path
+from rlvr.model.precision import bf16_supported
 
 
 def _version(name: str) -> str | None:

@@ -24,12 +24,12 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rlvr.training.checkpoint import (
+from rlvr.checkpoint.full import (
     COMPLETE,
     CONFIG_FILE,
     FORMAT_VERSION,
@@ -52,14 +52,12 @@ from rlvr.training.checkpoint import (
     rotate_checkpoints,
     set_rng_state,
 )
-
-if TYPE_CHECKING:
-    from rlvr.training.state import TrainState
+from rlvr.checkpoint.protocol import Checkpointable
 
 DCP_DIR = "dcp"
 FULL_MODEL_DIR = "full_model"
 ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_NAME = "default"  # the one adapter rlvr.training.lora trains
+ADAPTER_NAME = "default"  # the one adapter rlvr.model.lora trains
 
 
 def is_sharded(path: Path) -> bool:
@@ -75,7 +73,7 @@ def _rank_file(rank: int) -> str:
 _POLICY, _OBJECTIVE = "policy", "objective"
 
 
-def _stateful(state: TrainState) -> tuple[torch.nn.Module, Any]:
+def _stateful(state: Checkpointable) -> tuple[torch.nn.Module, Any]:
     """The module whose parameters the optimizer holds, and the state-dict options.
 
     The objective's modules (PPO's critic) are trained by the same optimizer, so they are saved
@@ -84,7 +82,7 @@ def _stateful(state: TrainState) -> tuple[torch.nn.Module, Any]:
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    from rlvr.training.lora import is_lora_model
+    from rlvr.model.lora import is_lora_model
 
     lora = is_lora_model(state.model)
     options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
@@ -95,7 +93,7 @@ def _stateful(state: TrainState) -> tuple[torch.nn.Module, Any]:
     return both, options
 
 
-def _model_optim_state(state: TrainState) -> dict[str, dict]:
+def _model_optim_state(state: Checkpointable) -> dict[str, dict]:
     """What DCP saves: ``model`` (the policy's weights, under their own names), ``objective``
     (its modules' weights; empty when it has none) and ``optim``."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -115,7 +113,7 @@ def _model_optim_state(state: TrainState) -> dict[str, dict]:
     return {"model": split[_POLICY], _OBJECTIVE: split[_OBJECTIVE], "optim": optim}
 
 
-def _set_model_optim_state(state: TrainState, loaded: dict[str, dict]) -> None:
+def _set_model_optim_state(state: Checkpointable, loaded: dict[str, dict]) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     module, options = _stateful(state)
@@ -140,7 +138,7 @@ def _all_ok(ok: bool) -> bool:
 
 
 def save_sharded_checkpoint(
-    state: TrainState,
+    state: Checkpointable,
     run_dir: Path,
     *,
     tokenizer: Any,
@@ -225,7 +223,7 @@ def save_sharded_checkpoint(
     return final
 
 
-def restore_sharded_checkpoint(state: TrainState, path: Path) -> dict:
+def restore_sharded_checkpoint(state: Checkpointable, path: Path) -> dict:
     """Every rank calls this: the sharded counterpart of ``checkpoint.restore_checkpoint``."""
     import torch.distributed.checkpoint as dcp
 
@@ -270,7 +268,7 @@ def full_model_state(path: Path, part: str = "model") -> dict[str, torch.Tensor]
 def _save_adapter_config(model: torch.nn.Module, folder: Path) -> None:
     """A LoRA run: ``adapter_config.json`` beside the model config, as ``save_pretrained`` of
     the adapter writes it (the export turns the sharded adapter weights into a peft folder)."""
-    from rlvr.training.lora import is_lora_model
+    from rlvr.model.lora import is_lora_model
 
     if is_lora_model(model):
         peft_cfg = copy.deepcopy(model.peft_config[ADAPTER_NAME])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.training.policy import (
+from rlvr.model.loading import (
     ModelLoadError,
     load_model_and_tokenizer,
     prepare_tokenizer,

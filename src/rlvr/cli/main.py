@@ -43,7 +43,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = _train_config(args)
     if args.dry_run:
-        from rlvr.training.dry_run import run_dry
+        from rlvr.training.preflight.dry_run import run_dry
 
         return run_dry(cfg)
     # before torch is imported: the restart (if any) does not pay for it twice
@@ -52,9 +52,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlvr.training.trainer import Trainer
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        cfg.validate()  # fail here, not once per spawned process (setup_run validates otherwise)
+        from rlvr.training.preflight.checks import check_config
+
+        check_config(cfg)  # fail here, not once per spawned process (setup_run checks otherwise)
         return _relaunch_with_torchrun(args.nproc)
-    from rlvr.training.distributed import shutdown
+    from rlvr.distributed import shutdown
 
     try:
         Trainer(cfg).fit()
@@ -124,18 +126,19 @@ def _train_config(args: argparse.Namespace):
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from rlvr.merge import run_merge
+    from rlvr.cli.merge import run_merge
 
     return run_merge(args)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     from rlvr.config import load_config
-    from rlvr.training.run_setup import load_rows_for
+    from rlvr.data.rows import load_rows_for
+    from rlvr.training.preflight.checks import config_problems
     from rlvr.training.schedule import format_preflight, run_preflight
 
     cfg = load_config(args.config, args.overrides)
-    problems = cfg.problems()
+    problems = config_problems(cfg)
     t = cfg.train
     rows, _ = load_rows_for(cfg)
     epochs = t.max_steps * cfg.algo.prompts_per_step / max(1, len(rows))
@@ -149,7 +152,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     )
     res = run_preflight(t)
     print(format_preflight(res))
-    from rlvr.training.memory_plan import memory_preflight
+    from rlvr.training.preflight.memory_plan import memory_preflight
 
     problems += memory_preflight(cfg, world_size=args.nproc)
     for p in problems:
@@ -158,7 +161,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from rlvr.eval.cli import run_eval
+    from rlvr.cli.eval import run_eval
 
     return run_eval(args)
 
@@ -181,7 +184,7 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from rlvr.doctor import run_doctor
+    from rlvr.cli.doctor import run_doctor
 
     return run_doctor()
 
@@ -234,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval", help="evaluate a model or checkpoint (greedy_pass@1, sampling_pass@k, maj@k)"
     )
-    from rlvr.eval.cli import add_eval_args
+    from rlvr.cli.eval import add_eval_args
 
     add_eval_args(p)
     p.set_defaults(func=cmd_eval)
@@ -244,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default RUN_DIR/report)")
     p.set_defaults(func=cmd_report)
 
-    # (its arguments live here: importing rlvr.merge imports torch, which `rlvr train` must not
+    # (its arguments live here: importing rlvr.checkpoint.merge imports torch, which `rlvr train` must not
     # pay for before it may start itself again with another malloc)
     p = sub.add_parser("merge", help="merge a LoRA checkpoint into its base model (HF folder)")
     p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
@@ -267,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_doctor)
 
-    from rlvr.data.cli import register as register_data
+    from rlvr.cli.data import register as register_data
 
     register_data(sub)
     return parser
@@ -309,10 +312,10 @@ def _exit_code(exc: Exception) -> int | None:
     The error types are imported here, not at start-up: ``rlvr train`` may start itself again
     (``rlvr.allocator``) before anything imports torch, and should not pay for torch twice."""
     from rlvr.allocator import AllocatorError
+    from rlvr.checkpoint.full import CheckpointError
     from rlvr.config import ConfigError
+    from rlvr.model.loading import ModelLoadError
     from rlvr.rewards.runner import RewardFailureError
-    from rlvr.training.checkpoint import CheckpointError
-    from rlvr.training.policy import ModelLoadError
 
     if isinstance(exc, ConfigError | AllocatorError):
         print(f"rlvr: {exc}", file=sys.stderr)

@@ -9,13 +9,11 @@ the run's), or ``--base`` when the checkpoint was copied away from the machine i
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import yaml
 
-from rlvr.training.checkpoint import CONFIG_FILE, MODEL_DIR, checkpoint_step
+from rlvr.checkpoint.full import CONFIG_FILE, MODEL_DIR, checkpoint_step
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -65,8 +63,8 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.training.checkpoint_dcp import export_full_model, is_sharded
-    from rlvr.training.policy import resolve_model_path, save_model_folder
+    from rlvr.checkpoint.sharded import export_full_model, is_sharded
+    from rlvr.model.loading import resolve_model_path, save_model_folder
 
     sharded = Path(path).is_dir() and is_sharded(Path(path))
     if sharded and not (Path(path) / MODEL_DIR / ADAPTER_CONFIG).exists():
@@ -91,13 +89,3 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     tok_source = adapter if (adapter / "tokenizer_config.json").exists() else base_path
     tokenizer = AutoTokenizer.from_pretrained(tok_source)
     return save_model_folder(merged, tokenizer, out)
-
-
-def run_merge(args: argparse.Namespace) -> int:
-    try:
-        out = merge_checkpoint(Path(args.checkpoint), args.out, args.base)
-    except FileExistsError as exc:
-        print(f"rlvr merge: {exc}", file=sys.stderr)
-        return 2
-    print(f"merged model: {out}")
-    return 0

@@ -24,8 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from rlvr.rollout.decode import distinct_rows
-from rlvr.training.packed_rows import can_pack, packed_completion_pass
+from rlvr.model.packed_rows import can_pack, packed_completion_pass
 
 
 def shared_prompt_rows(
@@ -128,3 +127,18 @@ def _copy_rows(cache: DynamicCache, copies: torch.Tensor, n_prompts: int) -> Non
                 x = getattr(layer, name)
                 rows = pick @ x.float().flatten(1)
                 setattr(layer, name, rows.view(len(copies), *x.shape[1:]).to(x.dtype))
+
+
+def distinct_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(firsts, copies)``: the first row of each distinct prompt (ids and mask alike) and, for
+    every row, which of those it repeats, so ``x[firsts][copies]`` is ``x``; ``(None, None)``
+    when no two rows are the same. On CPU indices, whatever the rows' device."""
+    rows = torch.cat([input_ids, attention_mask], dim=1).cpu()
+    _, copies, counts = torch.unique(rows, dim=0, return_inverse=True, return_counts=True)
+    if len(counts) == rows.shape[0]:
+        return None, None
+    firsts = torch.full((len(counts),), rows.shape[0], dtype=torch.long)
+    firsts.scatter_reduce_(0, copies, torch.arange(rows.shape[0]), reduce="amin")
+    return firsts, copies

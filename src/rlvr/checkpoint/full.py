@@ -26,13 +26,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from rlvr.training.state import TrainState
+from rlvr.checkpoint.protocol import Checkpointable
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +266,7 @@ def set_rng_state(plain: dict, tensors: dict) -> None:
         torch.cuda.set_rng_state_all(tensors["cuda"])
 
 
-def capture_state(state: TrainState, extra: dict | None = None) -> tuple[dict, dict]:
+def capture_state(state: Checkpointable, extra: dict | None = None) -> tuple[dict, dict]:
     """Everything but the model weights that a run needs to continue exactly: (tensors, plain).
 
     ``extra`` holds other components' state (e.g. the in-training evaluator's early-stopping
@@ -296,7 +295,7 @@ def capture_state(state: TrainState, extra: dict | None = None) -> tuple[dict, d
 
 
 def save_checkpoint(
-    state: TrainState,
+    state: Checkpointable,
     run_dir: Path,
     *,
     tokenizer: Any,
@@ -335,7 +334,7 @@ def read_state(path: Path) -> tuple[dict, dict]:
 
 def restore_model(model: torch.nn.Module, folder: Path) -> None:
     """Load the weights saved in ``folder`` into ``model`` in place (adapter or full weights)."""
-    from rlvr.training.lora import is_lora_model, load_adapter_weights
+    from rlvr.model.lora import is_lora_model, load_adapter_weights
 
     if is_lora_model(model):
         load_adapter_weights(model, folder)
@@ -348,7 +347,7 @@ def restore_model(model: torch.nn.Module, folder: Path) -> None:
     model.load_state_dict(saved.state_dict())
 
 
-def restore_checkpoint(state: TrainState, path: Path) -> dict:
+def restore_checkpoint(state: Checkpointable, path: Path) -> dict:
     """Put ``state`` back as it was when the checkpoint at ``path`` was written.
 
     Restores model (or adapter) weights, optimizer, scheduler, the objective's own modules (PPO's
@@ -364,7 +363,7 @@ def restore_checkpoint(state: TrainState, path: Path) -> dict:
 
 
 def restore_train_counters(
-    state: TrainState, tensors: dict, plain: dict, path: Path, *, objective: bool = True
+    state: Checkpointable, tensors: dict, plain: dict, path: Path, *, objective: bool = True
 ) -> None:
     """What a full and a sharded checkpoint restore alike, besides model and optimizer: the
     scheduler, the objective's modules (unless ``objective`` is false: a sharded checkpoint

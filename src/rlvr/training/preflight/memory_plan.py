@@ -281,11 +281,12 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
     import torch
 
+    from rlvr.model.attention import choose_attention
+    from rlvr.model.precision import resolve_autocast
+    from rlvr.model.vlm import is_vlm_config
     from rlvr.objectives import build_objective
     from rlvr.rollout import vllm_setup as vs
-    from rlvr.training.policy import choose_attention
-    from rlvr.training.run_setup import engine_for, resolve_autocast
-    from rlvr.training.vlm import is_vlm_config
+    from rlvr.rollout.builder import engine_for
 
     m, a, r = cfg.model, cfg.algo, cfg.rollout
     shape = shape_from_config(model_config)
@@ -358,7 +359,7 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
     import psutil
     import torch
 
-    from rlvr.training.policy import ModelLoadError, read_model_config
+    from rlvr.model.loading import ModelLoadError, read_model_config
 
     def say(text: str) -> None:
         if echo:

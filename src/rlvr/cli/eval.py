@@ -120,9 +120,9 @@ def run_provenance_warnings(run_dir: Path | None, provenance: dict) -> list[str]
 def _offline_sets(args: argparse.Namespace, cfg) -> list:
     """One set from --data, else the config's sets (all, or those named by --sets)."""
     from rlvr.config import ConfigError
+    from rlvr.data.rows import load_rows_for
     from rlvr.eval.evaluator import EvalSet
     from rlvr.eval.sets import build_eval_sets
-    from rlvr.training.run_setup import load_rows_for
 
     if args.data:
         from rlvr.data.loaders import load_rows
@@ -169,12 +169,12 @@ def _out_path(args: argparse.Namespace, source) -> Path:
 def run_eval(args: argparse.Namespace) -> int:
     """`rlvr eval`: load, evaluate every set in every mode, write the JSON, print the table."""
     from rlvr.config import load_config
+    from rlvr.data.rows import reward_specs
     from rlvr.eval.engine import evaluate_config_sets
     from rlvr.eval.evaluator import eval_payload, write_eval_file
     from rlvr.eval.loading import eval_engine, load_policy, resolve_source
     from rlvr.eval.table import eval_table
     from rlvr.rewards.runner import RewardRunner
-    from rlvr.training.run_setup import reward_specs
 
     if args.data and args.sets:
         raise ValueError("--sets picks the config's eval sets; it cannot be used with --data")

@@ -1,0 +1,33 @@
+"""The rows a config names (a built-in task or files) and the reward specs that grade them."""
+
+from __future__ import annotations
+
+from rlvr.config import Config
+from rlvr.data.tasks import DEFAULT_REWARD, task_rows
+from rlvr.rewards.runner import RewardSpec
+
+
+def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
+    """Train and held-out rows: generated for a built-in task, read from files otherwise."""
+    d = cfg.data
+    if d.task != "file":
+        return task_rows(
+            d.task, num_train=d.num_train, num_eval=d.num_eval, seed=d.seed, **d.task_kwargs
+        )
+    from rlvr.data.loaders import load_rows
+
+    kw = dict(
+        prompt_field=d.prompt_field,
+        answer_field=d.answer_field,
+        system_prompt=d.system_prompt,
+        answer_extract=d.answer_extract,
+    )
+    train = load_rows(d.train_path, **kw)
+    evals = load_rows(d.eval_path, **kw)[: cfg.eval.max_problems] if d.eval_path else []
+    return train, evals
+
+
+def reward_specs(cfg: Config) -> list[RewardSpec]:
+    if cfg.reward.specs:
+        return list(cfg.reward.specs)
+    return [RewardSpec(name=DEFAULT_REWARD.get(cfg.data.task, "math"))]

