@@ -86,10 +86,9 @@ def rlvr_batch_and_grads(spec: dict, work: Path) -> tuple[dict, dict[str, torch.
         step.score(batch)
         step.logprobs(batch, {})
         step.prepare(batch)
-        update(batch, state, step.env)
+        update(batch, state, trainer.run)
     finally:
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
+        trainer.run.close()
     dump = {
         "prompt_ids": [list(map(int, p)) for p in batch.seq_prompt_ids],
         "completion_ids": [list(map(int, c)) for c in batch.comp_ids],

@@ -101,8 +101,7 @@ def rlvr_trainer(spec: dict, run_dir: Path, lr: float | None = None) -> Iterator
     try:
         yield trainer
     finally:
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
+        trainer.run.close()
 
 
 def _ids(batch) -> dict:

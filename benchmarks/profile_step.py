@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     keep = ("time_", "response_len_mean", "gen_tokens_per_s", "train_tokens_per_s")
     summary = [{k: v for k, v in m.items() if k.startswith(keep)} for m in steps]
     (out / "step_metrics.json").write_text(json.dumps(summary, indent=1))
-    trainer.engine.close()
-    trainer.ctx.rewards.close()
+    trainer.run.close()
     print(json.dumps(summary, indent=1))
     print(f"[profile] wrote {out}/cprofile.txt, torch_ops.txt, step_metrics.json")
     return 0

@@ -75,7 +75,7 @@ def run(size: str, staleness: int, steps: int, out: Path) -> dict:
     torch.manual_seed(0)
     trainer = Trainer(cfg)
     trainer.fit()
-    return summarize(trainer.ctx.run_dir)
+    return summarize(trainer.run.run_dir)
 
 
 def summarize(run_dir: Path) -> dict:

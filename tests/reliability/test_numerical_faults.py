@@ -67,7 +67,7 @@ def nan_loss_at(trainer: Trainer, bad_steps: set[int], monkeypatch) -> None:
 def adam_steps(trainer: Trainer) -> int:
     """How many times the optimizer has stepped (AdamW keeps a per-parameter count)."""
     first = next(p for p in trainer.model.parameters() if p.requires_grad)
-    state = trainer.ctx.optimizer.state.get(first, {})
+    state = trainer.state.optimizer.state.get(first, {})
     return int(state["step"]) if "step" in state else 0
 
 
@@ -82,9 +82,9 @@ def test_a_nan_loss_skips_that_update_and_the_run_goes_on(
     assert steps.unchanged(2)  # the faulty step left every weight bit for bit as it was
     assert not all(steps.unchanged(s) for s in (1, 3, 4))  # the others did train
     assert adam_steps(trainer) == 3  # 4 steps, one optimizer step skipped
-    lines = step_metrics(trainer.ctx.run_dir)
+    lines = step_metrics(trainer.run.run_dir)
     assert [m["nonfinite_skipped"] for m in lines] == [0.0, 1.0, 0.0, 0.0]
-    assert read_status(trainer.ctx.run_dir)["state"] == "finished"
+    assert read_status(trainer.run.run_dir)["state"] == "finished"
     add("numerical_faults", faults_injected=1, updates_skipped=1, runs_continued=1)
 
 
@@ -100,13 +100,13 @@ def test_a_nan_gradient_with_a_finite_loss_skips_that_update(
         trainer.fit()
     finally:
         hook.remove()
-    lines = step_metrics(trainer.ctx.run_dir)
+    lines = step_metrics(trainer.run.run_dir)
     assert math.isfinite(lines[1]["policy_loss"])  # the loss itself was fine
     assert not math.isfinite(lines[1]["grad_norm"])  # the gradient was not
     assert [m["nonfinite_skipped"] for m in lines] == [0.0, 1.0, 0.0]
     assert steps.unchanged(2)
     assert adam_steps(trainer) == 2
-    assert read_status(trainer.ctx.run_dir)["state"] == "finished"
+    assert read_status(trainer.run.run_dir)["state"] == "finished"
     add("numerical_faults", faults_injected=1, updates_skipped=1, runs_continued=1)
 
 
@@ -123,7 +123,7 @@ def test_repeated_nonfinite_steps_trip_the_health_gate(
     with pytest.raises(HealthStop) as caught:
         trainer.fit()
     assert caught.value.event.rule == "nonfinite" and caught.value.event.step == 4
-    run_dir = trainer.ctx.run_dir
+    run_dir = trainer.run.run_dir
     health = read_health(run_dir)
     assert health["status"] == "stopped" and health["stopped_by"]["rule"] == "nonfinite"
     assert read_status(run_dir) | {"time": 0} == {

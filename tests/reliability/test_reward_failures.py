@@ -133,9 +133,9 @@ def test_above_the_limit_the_run_stops_with_a_clear_message(
     assert "14 of 20 completions could not be scored" in message
     assert "max_failure_fraction=0.65" in message
     assert "by_reference" in message  # names the reward
-    status = read_status(trainer.ctx.run_dir)
+    status = read_status(trainer.run.run_dir)
     assert status["state"] == "failed" and "could not be scored" in status["error"]
-    assert step_metrics(trainer.ctx.run_dir) == []  # stopped in step 1, nothing logged as trained
+    assert step_metrics(trainer.run.run_dir) == []  # stopped in step 1, nothing logged as trained
     add("reward_failures", runs_stopped_above_limit=1)
 
 

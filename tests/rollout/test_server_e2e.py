@@ -143,9 +143,9 @@ def test_staleness_0_matches_the_in_process_engine(model_dir, server, tmp_path):
     SeededInProcess.patch(local.engine)
     local.fit()
 
-    a, b = _lines(remote.ctx.run_dir), _lines(local.ctx.run_dir)
+    a, b = _lines(remote.run.run_dir), _lines(local.run.run_dir)
     assert [m["staleness_max"] for m in a] == [0.0, 0.0, 0.0]
-    assert _samples(remote.ctx.run_dir) == _samples(local.ctx.run_dir)  # the same completions
+    assert _samples(remote.run.run_dir) == _samples(local.run.run_dir)  # the same completions
     for x, y in zip(a, b, strict=True):
         assert x["reward_mean"] == y["reward_mean"]
         # both engines compute in float32: log-probs within 2e-6 of the trainer's (vllm_support)
@@ -169,7 +169,7 @@ def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(
     torch.manual_seed(0)
     full = Trainer(_config(model_dir, tmp_path / "full", *extra, "train.save_every=1"))
     full.fit()
-    lines = _lines(full.ctx.run_dir)
+    lines = _lines(full.run.run_dir)
     assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 1.0]
     assert [m["staleness_mean"] for m in lines] == [0.0, 1.0, 1.0]
     assert lines[0]["logprob_diff_max"] < 1e-4  # on-policy
@@ -178,7 +178,7 @@ def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(
     assert {c.policy_version for c in full.last_batch.completions} == {1}  # the server's label
 
     part = tmp_path / "part"
-    shutil.copytree(full.ctx.run_dir, part)
+    shutil.copytree(full.run.run_dir, part)
     shutil.rmtree(part / "checkpoints" / "step_000003")
     shutil.rmtree(part / "final")
     resumed = Trainer(load_config(part / "config.yaml", [f"train.resume={part}"]))

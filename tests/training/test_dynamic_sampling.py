@@ -65,8 +65,7 @@ def _run(tiny_model_dir, tmp_path, reward: str, rounds: int):
     trainer = Trainer(cfg)
     m = trainer.train_step()
     batch = trainer.last_batch
-    trainer.engine.close()
-    trainer.ctx.rewards.close()
+    trainer.run.close()
     return m, batch
 
 

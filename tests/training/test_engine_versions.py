@@ -36,9 +36,9 @@ class CopyEngine(HFEngine):
 
 def _with_copy_engine(cfg) -> Trainer:
     trainer = Trainer(cfg)
-    trainer.ctx.engine.close()
+    trainer.run.engine.close()
     engine = CopyEngine(trainer.model, trainer.tokenizer)
-    trainer.ctx.engine = trainer.step_fn.engine = engine
+    trainer.run.engine = engine
     return trainer
 
 
@@ -64,7 +64,7 @@ def test_first_resumed_step_samples_from_the_restored_weights(tiny_model_dir, tm
     resumed = _with_copy_engine(cfg)  # built from the base weights, like a fresh vLLM engine
     resumed.fit()
     step2 = _rows(tmp_path / "r")[-1]
-    assert step2["step"] == 2 and resumed.step_fn.engine.loads >= 1
+    assert step2["step"] == 2 and resumed.run.engine.loads >= 1
     # float32 engine and trainer on the same weights agree to rounding; the base weights are
     # one lr-1e-2 Adam step away (nats, not 1e-5)
     assert step2["logprob_diff_max"] < 1e-4, step2["logprob_diff_max"]
@@ -78,12 +78,12 @@ def test_eval_at_an_unsynced_step_measures_the_trainers_weights(tiny_model_dir, 
     trainer = _with_copy_engine(cfg)
     base = copy.deepcopy(trainer.model)
     trainer.fit()
-    engine = trainer.step_fn.engine
+    engine = trainer.run.engine
     assert engine.loads == 1  # no step reached sync_every=3: only the eval synced
     in_training = json.loads((tmp_path / "e" / "eval" / "step_000002.json").read_text())
 
     def records(model) -> dict:
-        sets = build_eval_sets(cfg, heldout_rows=lambda: trainer.ctx.eval_rows, train_rows=list)
+        sets = build_eval_sets(cfg, heldout_rows=lambda: trainer.run.eval_rows, train_rows=list)
         rewards = RewardRunner(reward_specs(cfg))
         try:
             out = evaluate_sets(
@@ -113,7 +113,7 @@ def test_generation_syncs_every_n_updates(tiny_model_dir, tmp_path, every):
     trainer = _with_copy_engine(cfg)
     summary = trainer.fit()
     rows = _rows(tmp_path / summary["run_dir"])
-    assert trainer.step_fn.engine.loads == 4 // every
+    assert trainer.run.engine.loads == 4 // every
     assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         lag = (r["step"] - 1) % every  # updates the engine was behind when it sampled step r

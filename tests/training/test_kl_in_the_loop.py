@@ -32,7 +32,7 @@ def test_adaptive_kl_moves_by_the_number_of_sequences(tiny_model_dir, tmp_path):
     )
     trainer = Trainer(cfg)
     trainer.fit()
-    text = (trainer.ctx.run_dir / "metrics.jsonl").read_text()
+    text = (trainer.run.run_dir / "metrics.jsonl").read_text()
     rows = [json.loads(line) for line in text.splitlines()]
     assert rows[0]["kl_coef"] == pytest.approx(0.1)  # the starting coefficient is used at step 1
     for prev, cur in zip(rows, rows[1:], strict=False):

@@ -251,8 +251,8 @@ def test_a_training_step_with_lean_layers_moves_the_weights_as_the_standard_one(
     before = torch.get_num_threads()
     try:
         std, lean = (_trainer(tiny_model_dir, tmp_path, n, n == "lean") for n in ("std", "lean"))
-        assert not any(isinstance(m, LeanLinear) for m in std.ctx.model.modules())
-        kinds = {type(m).__name__ for m in lean.ctx.model.modules()}
+        assert not any(isinstance(m, LeanLinear) for m in std.run.model.modules())
+        kinds = {type(m).__name__ for m in lean.run.model.modules()}
         assert {"LeanLinear", "LeanLlamaRMSNorm", "LeanLlamaMLP"} <= kinds
         m_std, m_lean = std.train_step(), lean.train_step()
     finally:
@@ -261,8 +261,8 @@ def test_a_training_step_with_lean_layers_moves_the_weights_as_the_standard_one(
     assert m_std["reward_mean"] == m_lean["reward_mean"]
     assert m_std["policy_loss"] == m_lean["policy_loss"]
     assert m_std["grad_norm"] == pytest.approx(m_lean["grad_norm"], rel=1e-6)
-    a = dict(std.ctx.model.named_parameters())
-    for name, p in lean.ctx.model.named_parameters():
+    a = dict(std.run.model.named_parameters())
+    for name, p in lean.run.model.named_parameters():
         if name == "model.embed_tokens.weight":
             torch.testing.assert_close(p, a[name], rtol=0, atol=2e-3)  # AdamW moves <= lr
         else:

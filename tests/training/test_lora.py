@@ -102,7 +102,7 @@ def test_lora_run_trains_only_adapters_saves_only_them_and_merges(tiny_model_dir
         trainer.fit()
     finally:
         torch.set_num_threads(threads)
-    run_dir = Path(trainer.ctx.run_dir)
+    run_dir = Path(trainer.run.run_dir)
     model = trainer.model
 
     # 1. base weights bitwise unchanged; adapter weights moved (B starts at zero)

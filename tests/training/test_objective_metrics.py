@@ -23,8 +23,7 @@ def _one_step(tiny_model_dir, tmp_path, *overrides: str) -> tuple[Trainer, dict]
     )
     trainer = Trainer(cfg)
     metrics = trainer.train_step()
-    trainer.engine.close()
-    trainer.ctx.rewards.close()
+    trainer.run.close()
     return trainer, metrics
 
 

@@ -28,8 +28,7 @@ def test_penalty_is_added_to_the_reward(tiny_model_dir, tmp_path, objective):
     trainer = Trainer(cfg)
     m = trainer.train_step()
     batch = trainer.last_batch
-    trainer.engine.close()
-    trainer.ctx.rewards.close()
+    trainer.run.close()
     lengths = [len(c) for c in batch.comp_ids]
     expected = [1 - 0.5 * min(max(n - 4, 0), 4) / 4 for n in lengths]
     assert batch.scores.reshape(-1).tolist() == pytest.approx(expected, abs=1e-6)

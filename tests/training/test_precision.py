@@ -17,7 +17,7 @@ def test_auto_precision_follows_the_cpu_and_is_printed(
     monkeypatch.setattr(precision, "bf16_supported", lambda device: fast_bf16)
     cfg = tiny_config(tiny_model_dir, tmp_path, "model.autocast=auto", "train.max_steps=1")
     trainer = Trainer(cfg)
-    assert trainer.ctx.autocast is fast_bf16
+    assert trainer.run.autocast is fast_bf16
     summary = trainer.fit()
     has = "has a" if fast_bf16 else "has no"
     line = f"[rlvr] precision: {expected} (model.autocast=auto: this CPU {has} bf16 fast path)"

@@ -23,8 +23,10 @@ def test_status_summary_and_early_stop_are_written_atomically(
 
     import rlvr.eval.in_training as in_training
     import rlvr.training.loop as run_loop
+    import rlvr.training.trainer as trainer_module
 
     monkeypatch.setattr(run_loop, "atomic_write_text", recording)
+    monkeypatch.setattr(trainer_module, "atomic_write_text", recording)
     monkeypatch.setattr(in_training, "atomic_write_text", recording)
     # a held-out score that falls at every eval: early stopping (patience 1) stops at step 1
     monkeypatch.setattr(

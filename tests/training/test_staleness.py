@@ -64,8 +64,7 @@ def test_stale_batch_loss_and_gradient_equal_the_hand_computed_correction(tiny_m
     trainer.state.optimizer.register_step_pre_hook(capture)
     m2 = trainer.train_step()
     batch = trainer.last_batch
-    trainer.engine.close()
-    trainer.ctx.rewards.close()
+    trainer.run.close()
 
     assert (m1["staleness_mean"], m1["staleness_max"]) == (0.0, 0.0)
     assert (m2["staleness_mean"], m2["staleness_max"]) == (1.0, 1.0)
@@ -117,13 +116,13 @@ def test_staleness_one_run_logs_versions_and_resumes_exactly(tiny_model_dir, tmp
     )
     full = Trainer(cfg)
     full.fit()
-    lines = [m for m in read_lines(full.ctx.run_dir) if m["step"] > 0]
+    lines = [m for m in read_lines(full.run.run_dir) if m["step"] > 0]
     assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 1.0]
     assert lines[0]["logprob_diff_max"] < 1e-4  # on-policy: the hf engine is the trainer
     assert all(m["logprob_diff_max"] > 1e-3 for m in lines[1:])  # one version behind
 
     part = tmp_path / "part"
-    shutil.copytree(full.ctx.run_dir, part)
+    shutil.copytree(full.run.run_dir, part)
     shutil.rmtree(part / "checkpoints" / "step_000003")
     shutil.rmtree(part / "final")
     saved = json.loads((part / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
@@ -133,7 +132,7 @@ def test_staleness_one_run_logs_versions_and_resumes_exactly(tiny_model_dir, tmp
     resumed = Trainer(load_config(part / "config.yaml", [f"train.resume={part}"]))
     resumed.fit()
     again = [m for m in read_lines(part) if m["step"] > 0]
-    again = [m for m in read_lines(resumed.ctx.run_dir) if m["step"] > 0]
+    again = [m for m in read_lines(resumed.run.run_dir) if m["step"] > 0]
     keys = ("reward_mean", "policy_loss", "grad_norm", "staleness_max", "tis_weight_mean")
     assert [[m[k] for k in keys] for m in again] == [[m[k] for k in keys] for m in lines]
     for (n, a), (_, b) in zip(
@@ -150,7 +149,7 @@ def test_the_transformers_engine_is_never_stale_whatever_sync_every(tiny_model_d
     cfg = tiny_config(tiny_model_dir, tmp_path / "a", *COMMON, "rollout.sync_every=3")
     trainer = Trainer(cfg)
     trainer.fit()
-    lines = [m for m in read_lines(trainer.ctx.run_dir) if m["step"] > 0]
+    lines = [m for m in read_lines(trainer.run.run_dir) if m["step"] > 0]
     assert [m["staleness_max"] for m in lines] == [0.0, 0.0, 0.0]
     assert all(m["logprob_diff_max"] < 1e-4 for m in lines)  # the same weights, truly
     cfg = tiny_config(
@@ -158,5 +157,5 @@ def test_the_transformers_engine_is_never_stale_whatever_sync_every(tiny_model_d
     )
     trainer = Trainer(cfg)
     trainer.fit()
-    lines = [m for m in read_lines(trainer.ctx.run_dir) if m["step"] > 0]
+    lines = [m for m in read_lines(trainer.run.run_dir) if m["step"] > 0]
     assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 1.0]

@@ -63,8 +63,7 @@ def test_a_binding_cap_scales_the_policy_gradient(tiny_model_dir, tmp_path, obje
         )
         trainer = Trainer(cfg)
         metrics[name] = trainer.train_step()
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
+        trainer.run.close()
     off, cap = metrics["off"], metrics["cap"]
     assert "tis_weight_mean" not in off
     assert cap["logprob_diff_max"] < 1e-3  # the premise: engine and trainer agree

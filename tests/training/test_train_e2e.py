@@ -96,8 +96,7 @@ def one_float32_step(model_dir: Path, out: Path, *overrides: str, before=None):
         metrics = trainer.train_step()
         weights = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     finally:
-        trainer.engine.close()
-        trainer.ctx.rewards.close()
+        trainer.run.close()
     return metrics, weights, watched
 
 

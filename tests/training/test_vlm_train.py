@@ -114,7 +114,7 @@ def test_whole_model_trains_with_freeze_off(tiny_vlm_dir, tmp_path):
     # the run's final folder loads with its processor (what `rlvr eval RUN` reads)
     from rlvr.model.vlm import load_policy_model
 
-    final = Path(trainer.ctx.run_dir) / "final"
+    final = Path(trainer.run.run_dir) / "final"
     model, _, processor = load_policy_model(str(final))
     assert processor is not None and processor.image_token_id == model.config.image_token_id
     assert all(torch.equal(p, after[n]) for n, p in model.named_parameters())

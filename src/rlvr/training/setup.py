@@ -1,7 +1,10 @@
-"""Everything a run needs before its first step: data, model, engine, rewards, optimizer, run dir."""
+"""Everything a run needs before its first step, built once: the `Run` holder of its parts (data,
+model, reference, engine, rewards, objective, run dir) and the `TrainState` (weights, optimizer,
+scheduler, sampler, KL controller, counters)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -10,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rlvr import onednn_cache
+from rlvr.algorithms import AdaptiveKLController, FixedKLController
 from rlvr.checkpoint.resume_plan import plan_resume
 from rlvr.config import Config, ConfigError
 from rlvr.data.rows import load_rows_for, reward_specs
@@ -25,39 +29,47 @@ from rlvr.distributed import (
 from rlvr.jsonio import atomic_write_text
 from rlvr.model import lean_backward
 from rlvr.model.attention import use_training_attention
+from rlvr.model.forward import SequenceBatch, completion_logits
 from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
 from rlvr.model.loading import model_context_length, prepare_tokenizer, resolve_model_path
+from rlvr.model.logprobs import completion_logprobs
 from rlvr.model.precision import resolve_autocast
 from rlvr.model.vlm import load_policy_model
 from rlvr.objectives import Objective, build_objective
 from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.builder import build_engine
+from rlvr.training.batching import PromptSampler
 from rlvr.training.preflight.checks import check_config, distributed_problems
 from rlvr.training.preflight.memory_plan import memory_preflight
 from rlvr.training.schedule import build_scheduler, run_preflight
+from rlvr.training.state import TrainState
 
 
 @dataclass
-class RunContext:
+class Run:
+    """A run's parts, built once by `setup_run` and read (never copied) by the step, the update,
+    the loop and the evaluator. What changes as the run trains (weights, optimizer, counters) is
+    the `TrainState`; what is fixed for the run's life is here."""
+
     cfg: Config
     run_dir: Path
     device: torch.device
-    autocast: bool
-    model: torch.nn.Module
+    autocast: bool  # bf16 autocast in the forward passes (model.autocast)
+    model: torch.nn.Module  # the plain module: generate, save, adapters
     tokenizer: object
-    engine: object
+    engine: object  # the rollout engine (rlvr.rollout.builder)
     rewards: RewardRunner
     train_rows: list[dict]
     eval_rows: list[dict]
-    optimizer: torch.optim.Optimizer
-    scheduler: object
     objective: Objective
     dist: DistInfo = field(default_factory=DistInfo)
     # The module the update's forward goes through: a DDP wrapper, the FSDP2-sharded model, or
-    # `model` itself in one process. `model` is always the plain module (generate, save, adapters).
+    # `model` itself in one process.
     train_model: torch.nn.Module | None = None
+    # The frozen reference: a copy of the initial model, or None with LoRA (the base model with
+    # its adapters disabled) or when the objective needs no reference.
     ref_model: torch.nn.Module | None = None
-    resume_from: Path | None = None  # checkpoint folder the run loop restores before step 1
+    resume_from: Path | None = None  # checkpoint folder the loop restores before step 1
     processor: object | None = None  # a vision-language model's processor (renders image rows)
     # params_trainable / params_total (elements) after model.freeze and LoRA; in every step's metrics
     param_counts: dict[str, int] = field(default_factory=dict)
@@ -68,9 +80,46 @@ class RunContext:
         tokenizer."""
         return self.processor if self.processor is not None else self.tokenizer
 
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @property
+    def image_token_id(self) -> int | None:
+        """A vision-language model's image token (its prompts carry images); None for text."""
+        return getattr(self.processor, "image_token_id", None)
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature log-probs are taken at (greedy sampling: 1)."""
+        t = self.cfg.rollout.temperature
+        return t if t > 0 else 1.0
+
+    def autocast_context(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around a forward pass where the run uses it, else nothing."""
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Weights to push into the rollout engine (LoRA merged on the fly by the engine sync)."""
         yield from self.model.state_dict().items()
+
+    def reference_logprobs(self, sb: SequenceBatch, temperature: float) -> torch.Tensor:
+        """``[B, Tc]`` log-probs of the frozen reference: the initial model's copy, or with LoRA
+        the base model with its adapters disabled."""
+        with self.autocast_context():
+            if self.ref_model is not None:
+                logits = completion_logits(self.ref_model, sb)
+            else:
+                with self.model.disable_adapter():
+                    logits = completion_logits(self.model, sb)
+        return completion_logprobs(logits, sb, temperature, entropy=False)[0]
+
+    def close(self) -> None:
+        """Stop what the run started outside this process's memory: engine, reward workers."""
+        self.engine.close()
+        self.rewards.close()
 
 
 def preflight(cfg: Config) -> None:
@@ -127,8 +176,8 @@ def check_prompt_lengths(
 
 def setup_run(
     cfg: Config, *, model=None, tokenizer=None, processor=None, run_dir: Path | None = None
-) -> RunContext:
-    """Validate, load and build everything; fails before any model loads on a bad config.
+) -> tuple[Run, TrainState]:
+    """Check, load and build everything; fails before any model loads on a bad config.
 
     ``model``/``tokenizer`` (and ``processor`` for a VLM): an already-loaded policy."""
     check_config(cfg)
@@ -229,7 +278,7 @@ def setup_run(
         out_dir = main_dir / "ranks" / f"rank{info.rank}"
         out_dir.mkdir(parents=True, exist_ok=True)
     barrier(info)
-    return RunContext(
+    run = Run(
         cfg=cfg,
         run_dir=out_dir,
         device=device,
@@ -240,8 +289,6 @@ def setup_run(
         rewards=rewards,
         train_rows=train_rows,
         eval_rows=eval_rows,
-        optimizer=optimizer,
-        scheduler=scheduler,
         objective=objective,
         resume_from=plan.checkpoint if plan is not None else None,
         dist=info,
@@ -250,3 +297,15 @@ def setup_run(
         processor=processor,
         param_counts=param_counts,
     )
+    a = cfg.algo
+    state = TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        sampler=PromptSampler(len(train_rows), a.prompts_per_step, seed=cfg.train.seed),
+        kl_ctl=AdaptiveKLController(a.beta, a.kl_target, a.kl_horizon)
+        if a.kl_target is not None
+        else FixedKLController(a.beta),
+        objective=objective,
+    )
+    return run, state

@@ -8,7 +8,6 @@ the run loop owns, and never branches on the objective (the objective's methods 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import random
 import time
@@ -18,19 +17,18 @@ import numpy as np
 import torch
 
 from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
-from rlvr.config import Config
 from rlvr.data.multimodal import render_inputs
-from rlvr.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.distributed import all_gather_objects, all_reduce_sum
 from rlvr.model.logprobs import completion_logprobs
-from rlvr.objectives import Objective
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.rewards.runner import BatchRewards, RewardRunner
+from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
 from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
+from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import advantage_stats, rollout_metrics
-from rlvr.training.update import UpdateEnv, engine_diffs, update
+from rlvr.training.update import engine_diffs, update
 
 
 def sync_engine(
@@ -55,55 +53,33 @@ def sync_engine(
 
 
 class Step:
-    """The phases of one step; ``run()`` returns (metrics, batch)."""
+    """The phases of one step over the run's parts and the train state; calling it runs them
+    once and returns (metrics, batch)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        *,
-        state: TrainState,
-        objective: Objective,
-        engine,
-        rewards: RewardRunner,
-        tokenizer,
-        train_rows: list[dict],
-        train_model: torch.nn.Module,
-        ref_logp_fn: Callable[[object, float], torch.Tensor] | None,
-        named_weights: Callable[[], Iterator],
-        dist: DistInfo,
-        autocast: bool,
-        device: torch.device,
-        processor=None,
-    ) -> None:
-        self.cfg, self.state, self.objective = cfg, state, objective
-        self.engine, self.rewards, self.tokenizer = engine, rewards, tokenizer
-        # a vision-language model's processor (None for a text model): renders rows with images
-        self.processor = processor
-        self.image_token_id = getattr(processor, "image_token_id", None)
-        self.train_rows, self.dist = train_rows, dist
-        self.ref_logp_fn, self.named_weights = ref_logp_fn, named_weights
-        self._autocast_on, self._device = autocast, device
-        self.ahead = (
-            Lookahead(self.request, background=getattr(engine, "remote", False))
-            if cfg.rollout.max_staleness > 0
+    def __init__(self, run: Run, state: TrainState) -> None:
+        self.run, self.state, self.cfg = run, state, run.cfg
+        self._ahead = (
+            Lookahead(self.request, background=getattr(run.engine, "remote", False))
+            if run.cfg.rollout.max_staleness > 0
             else None
         )
-        self.env = UpdateEnv(
-            cfg=cfg,
-            objective=objective,
-            train_model=train_model,
-            dist=dist,
-            pad_id=tokenizer.pad_token_id,
-            autocast=self.autocast,
-            image_token_id=self.image_token_id,
-        )
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if not self._autocast_on:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self._device.type, dtype=torch.bfloat16)
+    # ------------------------------------------------------------------ the lookahead's life
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the step: the batch generated ahead (``rollout.max_staleness``)."""
+        return {"lookahead": self._ahead.state_dict()} if self._ahead is not None else {}
 
-    def run(self) -> tuple[dict, RolloutBatch]:
+    def load_state_dict(self, state: dict) -> None:
+        if self._ahead is not None:
+            self._ahead.load_state_dict(state.get("lookahead", {}))
+
+    def close(self) -> None:
+        """Stop a generation running ahead (its thread), if any."""
+        if self._ahead is not None:
+            self._ahead.close()
+
+    def __call__(self) -> tuple[dict, RolloutBatch]:
+        """Run the step's phases once; returns (metrics, batch)."""
         times: dict[str, float] = {}
         t_step = time.perf_counter()
 
@@ -118,19 +94,19 @@ class Step:
         metrics = timed("time_reward", self.score, batch)
         if self.cfg.algo.dynamic_sampling:
             batch, metrics = self.fill(batch, timed)
-        if self.ahead is not None:  # rollout.max_staleness=1: start the next step's batch
-            self.ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
+        if self._ahead is not None:  # rollout.max_staleness=1: start the next step's batch
+            self._ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
         metrics.update(staleness_stats(batch.completions, self.state.policy_version))
-        if self.cfg.rollout.sleep_during_update and hasattr(self.engine, "sleep"):
-            self.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
+        if self.cfg.rollout.sleep_during_update and hasattr(self.run.engine, "sleep"):
+            self.run.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr = self.state.scheduler.get_last_lr()[0]
         diffs = timed("time_logprobs", self.logprobs, batch, times)
         metrics.update(timed("time_prepare", self.prepare, batch))
-        update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.env)
+        update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.run)
         metrics.update(update_metrics)
         metrics.update(self._trust_stats(diffs + more_diffs))
-        if self.ahead is not None:  # never swap weights under a generation in flight
-            times["time_wait_ahead"] = self.ahead.wait()
+        if self._ahead is not None:  # never swap weights under a generation in flight
+            times["time_wait_ahead"] = self._ahead.wait()
         sync = timed("time_sync", self.sync)
         if sync:
             metrics.update({f"sync_{k}": float(v) for k, v in sync.items()})
@@ -138,7 +114,7 @@ class Step:
         times["time_logprobs"] -= times["time_reference"]
         metrics.update(times)
         metrics["time_step"] = time.perf_counter() - t_step
-        gen_tokens = sum(len(c) for c in batch.comp_ids) * self.dist.world_size
+        gen_tokens = sum(len(c) for c in batch.comp_ids) * self.run.dist.world_size
         # with dynamic sampling every round's replies were generated, not only the kept ones
         generated = metrics.pop("ds_gen_tokens", gen_tokens)
         metrics["gen_tokens_per_s"] = generated / max(times["time_rollout"], 1e-9)
@@ -173,14 +149,16 @@ class Step:
         seed = self.seed(round_, step)
         # Every rank draws the same global prompts and keeps its own slice of whole prompts.
         global_idx = self.state.sampler.next_indices()
-        per = len(global_idx) // self.dist.world_size
-        lo = self.dist.rank * per
-        rows = [self.train_rows[i] for i in global_idx[lo : lo + per]]
+        per = len(global_idx) // self.run.dist.world_size
+        lo = self.run.dist.rank * per
+        rows = [self.run.train_rows[i] for i in global_idx[lo : lo + per]]
         d = cfg.data  # every row's prompt length was checked before the first step
         texts, ids, vision = render_inputs(
-            rows, d.template, self.tokenizer, d.system_prompt, self.processor
+            rows, d.template, self.run.tokenizer, d.system_prompt, self.run.processor
         )
-        sync_engine(self.engine, self.state, self.named_weights, every=cfg.rollout.sync_every)
+        sync_engine(
+            self.run.engine, self.state, self.run.named_weights, every=cfg.rollout.sync_every
+        )
         r = cfg.rollout
         params = SamplingParams(
             n=g,
@@ -189,12 +167,12 @@ class Step:
             top_k=r.top_k,
             max_new_tokens=r.max_new_tokens,
             stop=tuple(r.stop),
-            seed=seed + 7919 * self.dist.rank,
+            seed=seed + 7919 * self.run.dist.rank,
             prompt_seeds=tuple(seed * 4099 + lo + j for j in range(len(rows)))
             if r.seed_per_prompt
             else None,
         )
-        engine, version = self.engine, self.engine.policy_version
+        engine, version = self.run.engine, self.run.engine.policy_version
         images = {} if vision is None else {"vision": vision}  # text engines take no images
 
         def run() -> RolloutBatch:
@@ -207,7 +185,7 @@ class Step:
     def score(self, batch: RolloutBatch) -> dict:
         comps, g = batch.completions, batch.group_size
         flat_rows = [r for r in batch.rows for _ in range(g)]
-        rewards = self.rewards.score_batch(
+        rewards = self.run.rewards.score_batch(
             batch.seq_prompt_texts,
             [c.text for c in comps],
             [r["answer"] for r in flat_rows],
@@ -248,7 +226,7 @@ class Step:
         need, rounds = len(first.prompt_ids), [first]
         while len(rounds) < self.cfg.algo.dynamic_sampling_max_rounds:
             have = sum(sum(informative_groups(b.scores, b.valid)) for b in rounds)
-            if not all_reduce_sum([float(have < need)], self.dist)[0]:
+            if not all_reduce_sum([float(have < need)], self.run.dist)[0]:
                 break
             batch = timed("time_rollout", self.generate, len(rounds))
             timed("time_reward", self.score, batch)
@@ -258,11 +236,11 @@ class Step:
         if self.cfg.reward.overlong_buffer > 0:  # the kept sequences' penalty (already applied)
             pen = self._overlong_penalties(batch)
             metrics["overlong_penalty_mean"] = float(pen.sum()) / max(1, int(batch.valid.sum()))
-        drawn, kept = all_reduce_sum([float(need * len(rounds)), float(kept)], self.dist)
+        drawn, kept = all_reduce_sum([float(need * len(rounds)), float(kept)], self.run.dist)
         metrics.update(ds_prompts_drawn=drawn, ds_prompts_kept=kept, ds_rounds=float(len(rounds)))
         tokens = sum(len(c) for b in rounds for c in b.comp_ids)
         metrics["ds_gen_tokens"] = float(
-            tokens * self.dist.world_size
+            tokens * self.run.dist.world_size
         )  # run() turns it into a rate
         return batch, metrics
 
@@ -270,30 +248,30 @@ class Step:
         """No-grad passes the objective needs: old log-probs (and the engine trust check from
         them), reference log-probs, critic values. With one update per batch and no reference
         the update's own forward gives the trainer log-probs: no extra pass."""
-        needs = self.objective.needs()
+        needs = self.run.objective.needs()
         if not (needs.old_logp or needs.reference or needs.values):
             return []
         n = batch.size
         comp_ids = batch.comp_ids
-        temperature = self.cfg.rollout.temperature if self.cfg.rollout.temperature > 0 else 1.0
+        temperature = self.run.temperature
         old: list = [None] * n
         ref: list = [None] * n
         values: list = [None] * n
         diffs: list[torch.Tensor] = []
-        pad = self.tokenizer.pad_token_id
+        pad = self.run.tokenizer.pad_token_id
         comps = batch.completions
         engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
         with torch.no_grad():
-            for idx in self.objective.micro_batches(list(range(n)), batch):
+            for idx in self.run.objective.micro_batches(list(range(n)), batch):
                 sb = batch.sequence_batch(
-                    idx, pad, self.image_token_id, share_prompt=self.cfg.algo.share_prompt
+                    idx, pad, self.run.image_token_id, share_prompt=self.cfg.algo.share_prompt
                 )
-                with self.autocast():
-                    out = self.objective.forward(self.state.model, sb)
+                with self.run.autocast_context():
+                    out = self.run.objective.forward(self.state.model, sb)
                 lp, _ = completion_logprobs(out["logits"], sb, temperature, entropy=False)
                 diffs += engine_diffs(lp, idx, comp_ids, batch.completions)
                 t = time.perf_counter()
-                ref_lp = self.ref_logp_fn(sb, temperature) if needs.reference else None
+                ref_lp = self.run.reference_logprobs(sb, temperature) if needs.reference else None
                 times["time_reference"] = times.get("time_reference", 0.0) + (
                     time.perf_counter() - t
                 )
@@ -321,24 +299,24 @@ class Step:
                 batch, a.kl_estimator
             )
         tis = tis_weights(batch, a.tis_cap) if a.tis_cap is not None else {}
-        stats = self.objective.prepare(batch)
+        stats = self.run.objective.prepare(batch)
         return {**advantage_stats(batch), **tis, **stats}
 
     def next_batch(self) -> RolloutBatch:
         """This step's batch: the one generated ahead (waiting for it), else generated now."""
-        ahead = self.ahead.take(self.state.step) if self.ahead is not None else None
+        ahead = self._ahead.take(self.state.step) if self._ahead is not None else None
         return ahead if ahead is not None else self.generate()
 
     def sync(self) -> dict | None:
         return sync_engine(
-            self.engine, self.state, self.named_weights, every=self.cfg.rollout.sync_every
+            self.run.engine, self.state, self.run.named_weights, every=self.cfg.rollout.sync_every
         )
 
     def _global_rollout_metrics(self, batch: RolloutBatch) -> dict:
         """Rollout metrics over every rank's completions (each rank holds a slice)."""
         scores, valid, comps, rewards = batch.scores, batch.valid, batch.completions, batch.rewards
-        if self.dist.enabled:
-            parts = all_gather_objects((scores, valid, comps, rewards), self.dist)
+        if self.run.dist.enabled:
+            parts = all_gather_objects((scores, valid, comps, rewards), self.run.dist)
             scores = torch.cat([p[0] for p in parts])
             valid = torch.cat([p[1] for p in parts])
             comps = [c for p in parts for c in p[2]]
@@ -352,8 +330,8 @@ class Step:
 
     def _trust_stats(self, diffs: list[torch.Tensor]) -> dict[str, float]:
         """Engine vs trainer log-probs of the sampled tokens: mean/max |difference| and k3."""
-        if self.dist.enabled:
-            parts = all_gather_objects([d.tolist() for d in diffs], self.dist)
+        if self.run.dist.enabled:
+            parts = all_gather_objects([d.tolist() for d in diffs], self.run.dist)
             diffs = [torch.tensor(x) for part in parts for x in part]
         if not diffs:
             return {}

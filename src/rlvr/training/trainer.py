@@ -1,34 +1,53 @@
 """`Trainer`: one RL fine-tuning run, built from a config.
 
     trainer = Trainer(load_config("run.yaml"))   # or Trainer(cfg, model=m, tokenizer=t)
-    summary = trainer.fit()                      # steps, evals, checkpoints: see run_loop
+    summary = trainer.fit()                      # steps, evals, checkpoints, final save
 
-The pieces: `run_setup` builds everything (data, model, engine, rewards, objective, optimizer),
-`TrainState` holds what a checkpoint saves, `Step` runs one step's phases, `run_loop` owns the
-step counter, evaluations, checkpoints and the health gate.
+The pieces: `setup.setup_run` builds the run's parts once (the `Run` holder: data, model, engine,
+rewards, objective, run dir) and the `TrainState` (what a checkpoint saves); `Step` runs one
+step's phases; `fit` below is the loop (step counter, evaluations, health gate, checkpoints), with
+its status, resume and save pieces in `loop`.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
-from rlvr.algorithms import AdaptiveKLController, FixedKLController
+from rlvr import onednn_cache
+from rlvr.allocator import describe as describe_allocator
 from rlvr.config import Config
-from rlvr.distributed import DistInfo
-from rlvr.model.forward import completion_logits
-from rlvr.model.logprobs import completion_logprobs
+from rlvr.eval.in_training import InTrainingEvaluator
+from rlvr.jsonio import atomic_write_text
+from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.training.batching import PromptSampler
-from rlvr.training.setup import RunContext, setup_run
-from rlvr.training.state import TrainState
-from rlvr.training.step import Step
+from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
+from rlvr.telemetry.samples import write_samples
+from rlvr.telemetry.sinks import MetricsLogger, read_metrics
+from rlvr.telemetry.spikes import SpikeLog
+from rlvr.training.loop import (
+    fmt_eval,
+    interrupt_note,
+    postfix,
+    print_summary,
+    resume,
+    sample_records,
+    save,
+    save_final,
+    write_status,
+)
+from rlvr.training.setup import Run, setup_run
+from rlvr.training.step import Step, sync_engine
 
 
 class Trainer:
     """One run. ``Trainer(cfg).fit()`` returns a summary dict; ``train_step()`` runs one step
-    (the loop then moves ``state.step``). Pass ``model``/``tokenizer`` (and a VLM's
+    (``fit`` then moves ``state.step``). Pass ``model``/``tokenizer`` (and a VLM's
     ``processor``) to train an already-loaded model (notebooks, tests)."""
 
     def __init__(
@@ -41,77 +60,189 @@ class Trainer:
         run_dir: Path | None = None,
     ):
         self.cfg = cfg
-        self.ctx: RunContext = setup_run(
+        self.run: Run
+        self.run, self.state = setup_run(
             cfg, model=model, tokenizer=tokenizer, processor=processor, run_dir=run_dir
         )
-        c, a = self.ctx, cfg.algo
-        self.dist: DistInfo = c.dist
-        self.objective = c.objective
-        self.state = TrainState(
-            model=c.model,
-            optimizer=c.optimizer,
-            scheduler=c.scheduler,
-            sampler=PromptSampler(len(c.train_rows), a.prompts_per_step, seed=cfg.train.seed),
-            kl_ctl=AdaptiveKLController(a.beta, a.kl_target, a.kl_horizon)
-            if a.kl_target is not None
-            else FixedKLController(a.beta),
-            objective=c.objective,
-        )
-        self.step_fn = Step(
-            cfg,
-            state=self.state,
-            objective=c.objective,
-            engine=c.engine,
-            rewards=c.rewards,
-            tokenizer=c.tokenizer,
-            train_rows=c.train_rows,
-            train_model=c.train_model,
-            ref_logp_fn=self._reference_logp,
-            named_weights=c.named_weights,
-            dist=c.dist,
-            autocast=c.autocast,
-            device=c.device,
-            processor=c.processor,
-        )
+        self.step_fn = Step(self.run, self.state)
         self.last_batch: RolloutBatch | None = None
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # every step's metrics, in order
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.ctx.model
+        return self.run.model
 
     @property
     def tokenizer(self):
-        return self.ctx.tokenizer
+        return self.run.tokenizer
 
     @property
     def engine(self):
-        return self.ctx.engine
+        return self.run.engine
 
     @property
     def step(self) -> int:
-        """Steps completed (the run loop moves it)."""
+        """Steps completed (``fit`` moves it)."""
         return self.state.step
 
     def train_step(self) -> dict:
         """Generate, score, update and sync once; returns the step's metrics (with the
         trainable and total parameter counts)."""
-        metrics, self.last_batch = self.step_fn.run()
-        return {**metrics, **self.ctx.param_counts}
+        metrics, self.last_batch = self.step_fn()
+        return {**metrics, **self.run.param_counts}
 
     def fit(self) -> dict:
-        """Train for ``train.max_steps`` steps with evals around it; returns the summary."""
-        from rlvr.training.loop import run_training
+        """Train for ``train.max_steps`` steps with evaluations around them; returns the summary.
 
-        return run_training(self)
+        Resumes from ``run.resume_from`` when the run names a checkpoint; writes ``status.json``
+        (running, then finished, interrupted, stopped_by_health or failed)."""
+        run, state, cfg = self.run, self.state, self.cfg
+        run_dir, main = run.run_dir, run.dist.is_main
+        try:
+            extra, self.history = resume(run, state, self.step_fn)
+        except BaseException:
+            run.close()
+            raise
+        logger = MetricsLogger(
+            run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=cfg.logging.wandb,
+            wandb_project=cfg.logging.wandb_project,
+            run_name=run_dir.name,
+        )
+        gate = HealthGate(cfg.health)
+        for m in self.history:  # a resumed run: bring the gate's streak counters back
+            gate.check(m["step"], m)
+        if gate.events:
+            write_health(run_dir, gate.events, None)
+        spikes = SpikeLog(run_dir, threshold=cfg.logging.spike_threshold)
+        write_status(run_dir, "running")
+        summary = self._banner()
+        t_run = time.perf_counter()
+        try:
+            evaluator = InTrainingEvaluator(
+                cfg,
+                run_dir=run_dir,
+                engine=run.engine,
+                tokenizer=run.tokenizer,
+                processor=run.processor,
+                rewards=run.rewards,
+                model=run.model,
+                heldout_rows=run.eval_rows,
+                train_rows=run.train_rows,
+                sync=lambda: sync_engine(run.engine, state, run.named_weights),
+            )
+            if "evaluator" in extra:
+                evaluator.load_state_dict(extra["evaluator"])
+            if state.step == 0:
+                before = evaluator.before(state.step)
+            else:  # resumed: the eval before training is already in metrics.jsonl
+                first = read_metrics(run_dir)[:1]
+                before = {}
+                if first and first[0]["step"] == 0:
+                    summary["before"] = {k: v for k, v in first[0].items() if k.startswith("eval/")}
+            if before:
+                logger.log({"step": 0, **before})
+                summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
+                if main:
+                    print(f"[rlvr] before training: {fmt_eval(summary['before'])}", flush=True)
+            bar = tqdm(
+                range(state.step, cfg.train.max_steps),
+                desc="train",
+                unit="step",
+                disable=not (cfg.logging.progress and main),
+                dynamic_ncols=True,
+            )
+            for _ in bar:
+                metrics = self.train_step()
+                state.step += 1  # the one place the step counter moves
+                step = state.step
+                metrics = {"step": step, **metrics}
+                last = step == cfg.train.max_steps
+                scores = evaluator.at_step(step, last)
+                metrics.update(scores)
+                if last and scores and "before" in summary:
+                    summary["after"] = {k: v for k, v in scores.items() if k.startswith("eval/")}
+                batch = self.last_batch
+                spikes.maybe_record(
+                    step, metrics.get("grad_norm_max", 0.0), metrics, batch.prompt_texts
+                )
+                if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
+                    write_samples(run_dir, step, sample_records(batch))
+                logger.log(metrics)
+                self.history.append(metrics)
+                bar.set_postfix(postfix(metrics), refresh=False)
+                events = gate.check(step, metrics)
+                for ev in events if main else []:
+                    tqdm.write(
+                        f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: {ev.values}"
+                    )
+                stop = first_stop(events)
+                if events:
+                    write_health(run_dir, gate.events, stop)
+                if stop is not None:
+                    raise HealthStop(stop)
+                every = cfg.train.save_every
+                if every and (step % every == 0 or last or evaluator.stop_reason):
+                    save(run, state, self.step_fn, evaluator)
+                if evaluator.stop_reason:
+                    atomic_write_text(
+                        run_dir / "early_stop.json",
+                        json.dumps({"step": step, "reason": evaluator.stop_reason}),
+                    )
+                    tqdm.write(f"[rlvr] early stop at step {step}: {evaluator.stop_reason}")
+                    summary["early_stop"] = evaluator.stop_reason
+                    break
+            summary["final_model"] = str(save_final(run))
+            summary["wall_time_s"] = time.perf_counter() - t_run
+            summary["steps"] = state.step
+            atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
+            write_status(run_dir, "finished")
+            if main:
+                print_summary(summary)
+            return summary
+        except HealthStop as stop:
+            write_status(run_dir, "stopped_by_health", rule=stop.event.rule)
+            raise
+        except KeyboardInterrupt:
+            note = interrupt_note(run_dir)
+            write_status(run_dir, "interrupted", step=state.step, checkpoint=note)
+            if main:
+                print(
+                    f"\n[rlvr] interrupted after step {state.step}: {note}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
+        except BaseException as exc:
+            write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", step=state.step)
+            raise
+        finally:
+            logger.close()
+            self.step_fn.close()
+            run.close()
 
-    def _reference_logp(self, sb, temperature: float) -> torch.Tensor:
-        """Log-probs of the frozen reference: a copy of the initial model, or with LoRA the
-        base model with its adapters disabled."""
-        with self.step_fn.autocast():
-            if self.ctx.ref_model is not None:
-                logits = completion_logits(self.ctx.ref_model, sb)
-            else:
-                with self.model.disable_adapter():
-                    logits = completion_logits(self.model, sb)
-        return completion_logprobs(logits, sb, temperature, entropy=False)[0]
+    def _banner(self) -> dict:
+        """Print the run's first lines (directory, engine, precision, allocator); returns the
+        summary's first entries."""
+        run, cfg = self.run, self.cfg
+        precision = precision_text(cfg, run.autocast, run.device)
+        malloc = describe_allocator(cfg.train.allocator)
+        onednn = onednn_cache.in_effect()
+        if run.dist.is_main:
+            ranks = f", processes: {run.dist.world_size}" if run.dist.enabled else ""
+            print(
+                f"[rlvr] run directory: {run.run_dir}  (engine: {run.engine.name}, "
+                f"objective: {cfg.algo.objective}{ranks})",
+                flush=True,
+            )
+            print(f"[rlvr] precision: {precision}", flush=True)
+            print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
+        return {
+            "run_dir": str(run.run_dir),
+            "engine": run.engine.name,
+            "objective": cfg.algo.objective,
+            "precision": precision,
+            "allocator": malloc,
+            "onednn_primitive_cache": onednn,
+        }

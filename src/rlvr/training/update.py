@@ -5,18 +5,13 @@ gradient. Nothing here depends on which objective runs: it only calls the object
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rlvr.config import Config
-from rlvr.distributed import DistInfo, all_gather_objects, all_reduce_sum
+from rlvr.distributed import all_gather_objects, all_reduce_sum
 from rlvr.model.logprobs import completion_logprobs
-from rlvr.objectives import Objective
 from rlvr.objectives.batch import (
     MicroBatch,
     MinibatchCounts,
@@ -25,31 +20,19 @@ from rlvr.objectives.batch import (
     pad_rows,
 )
 from rlvr.training.batching import group_minibatches
+from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import summarize_update_stats
 
 
-@dataclass
-class UpdateEnv:
-    """What the update needs besides the batch and the state."""
-
-    cfg: Config
-    objective: Objective
-    train_model: torch.nn.Module  # DDP/FSDP2 wrapper, or the model itself in one process
-    dist: DistInfo
-    pad_id: int
-    autocast: Callable[[], contextlib.AbstractContextManager]
-    image_token_id: int | None = None  # a vision-language model's (its prompts carry images)
-
-
-def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict, list]:
+def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list]:
     """Train on ``batch``; returns (metrics, per-sequence trainer-minus-engine log-prob
     differences when the update's own forward is the trainer's only log-prob pass)."""
-    cfg, a, objective = env.cfg, env.cfg.algo, env.objective
+    cfg, a, objective = run.cfg, run.cfg.algo, run.objective
     g, n = batch.group_size, batch.size
     comp_ids, comps = batch.comp_ids, batch.completions
     valid = batch.valid.reshape(-1)
-    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    temperature = run.temperature
     use_old = objective.needs().old_logp  # else old == current policy (one pass over the batch)
     opt = state.optimizer
     stats: list[dict] = []
@@ -67,16 +50,16 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
                 sum(len(comp_ids[i]) for i in mb_valid),
                 objective.active_groups(batch, mb),
             ]
-            seqs, toks, act = all_reduce_sum(local, env.dist)  # denominators span every rank
+            seqs, toks, act = all_reduce_sum(local, run.dist)  # denominators span every rank
             counts = MinibatchCounts(sequences=int(seqs), tokens=int(toks), active_groups=int(act))
             opt.zero_grad(set_to_none=True)
             first = len(stats)  # this minibatch's micro-batch statistics start here
             for idx in objective.micro_batches(mb, batch):
                 sb = batch.sequence_batch(
-                    idx, env.pad_id, env.image_token_id, share_prompt=a.share_prompt
+                    idx, run.pad_id, run.image_token_id, share_prompt=a.share_prompt
                 )
-                with env.autocast():
-                    out = objective.forward(env.train_model, sb)
+                with run.autocast_context():
+                    out = objective.forward(run.train_model, sb)
                 logp, ent = completion_logprobs(
                     out["logits"], sb, temperature, entropy_grad=a.entropy_coef != 0
                 )
@@ -109,7 +92,7 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
                 if torch.isfinite(loss):
                     # FSDP/DDP average gradients over ranks; scaling by the world size makes
                     # that average the sum that global denominators expect.
-                    (loss * env.dist.world_size).backward()
+                    (loss * run.dist.world_size).backward()
                 else:
                     st["nonfinite_loss"] = 1.0
                 stats.append(st)
@@ -127,15 +110,15 @@ def update(batch: RolloutBatch, state: TrainState, env: UpdateEnv) -> tuple[dict
     state.scheduler.step()
     if applied:
         state.policy_version += 1
-    if env.dist.enabled:  # pool every rank's micro-batch statistics and entropies
-        gathered = all_gather_objects((stats, [e.tolist() for e in entropies]), env.dist)
+    if run.dist.enabled:  # pool every rank's micro-batch statistics and entropies
+        gathered = all_gather_objects((stats, [e.tolist() for e in entropies]), run.dist)
         stats = [st for part, _ in gathered for st in part]
         entropies = [torch.tensor(e) for _, ents in gathered for e in ents]
     kl_values = [s["kl"] for s in stats if "kl" in s]
     if kl_values:
         # Adaptive KL (Ziegler et al. 2019, arXiv 1909.08593): the horizon counts samples, so
         # the controller moves by the number of sequences this step trained on, every rank's.
-        state.kl_ctl.update(float(np.mean(kl_values)), n_steps=n * env.dist.world_size)
+        state.kl_ctl.update(float(np.mean(kl_values)), n_steps=n * run.dist.world_size)
     metrics = summarize_update_stats(stats, entropies, grad_norms)
     metrics["nonfinite_skipped"] = float(skipped > 0)
     return metrics, diffs
