@@ -53,7 +53,7 @@ class StepRecorder:
 
 def nan_loss_at(trainer: Trainer, bad_steps: set[int], monkeypatch) -> None:
     """Make every micro-batch loss of the given steps NaN (its statistics stay as computed)."""
-    real = trainer.objective.loss
+    real = trainer.run.objective.loss
 
     def loss(mb, counts):
         value, stats = real(mb, counts)
@@ -61,7 +61,7 @@ def nan_loss_at(trainer: Trainer, bad_steps: set[int], monkeypatch) -> None:
             value = value * float("nan")
         return value, stats
 
-    monkeypatch.setattr(trainer.objective, "loss", loss)
+    monkeypatch.setattr(trainer.run.objective, "loss", loss)
 
 
 def adam_steps(trainer: Trainer) -> int:

@@ -21,14 +21,14 @@ def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_pat
     backward = torch.Tensor.backward
 
     def watch(trainer):
-        forward = trainer.objective.forward
+        forward = trainer.run.objective.forward
 
         def forward_kept(model, sb):
             out = forward(model, sb)
             refs.append(StorageWeakRef(out["logits"].untyped_storage()))
             return out
 
-        monkeypatch.setattr(trainer.objective, "forward", forward_kept)
+        monkeypatch.setattr(trainer.run.objective, "forward", forward_kept)
 
         def backward_watched(self, *args, **kwargs):
             alive_at_backward.append(not refs[-1].expired())
