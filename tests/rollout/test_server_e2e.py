@@ -109,7 +109,7 @@ class SeededInProcess:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
-        from rlvr.rollout.vllm import _completion
+        from rlvr.rollout.vllm_setup import completion_from_vllm
 
         def generate(prompt_ids, params):
             seeds = request_seeds(params, len(prompt_ids))
@@ -119,7 +119,7 @@ class SeededInProcess:
                 use_tqdm=False,
             )
             return [
-                [_completion(i, o) for o in sorted(r.outputs, key=lambda o: o.index)]
+                [completion_from_vllm(i, o) for o in sorted(r.outputs, key=lambda o: o.index)]
                 for i, r in enumerate(outs)
             ]
 

@@ -199,14 +199,14 @@ def test_kv_budget_by_hand(tok):
 
 
 def test_engine_dtype_follows_trainer_numerics(monkeypatch):
-    import rlvr.model.precision as policy
+    import rlvr.rollout.vllm_setup as vllm_setup
     from rlvr.config import load_config
 
-    monkeypatch.setattr(policy, "bf16_supported", lambda device="cpu": True)
+    monkeypatch.setattr(vllm_setup, "bf16_supported", lambda device="cpu": True)
     assert engine_dtype(engine_config(), "cpu") == torch.float32  # autocast off, float32 weights
     assert engine_dtype(load_config(None, []), "cpu") == torch.bfloat16  # autocast auto
     assert engine_dtype(load_config(None, ["model.dtype=bfloat16"]), "cpu") == torch.bfloat16
-    monkeypatch.setattr(policy, "bf16_supported", lambda device="cpu": False)
+    monkeypatch.setattr(vllm_setup, "bf16_supported", lambda device="cpu": False)
     assert engine_dtype(load_config(None, []), "cpu") == torch.float32
 
 

@@ -197,7 +197,9 @@ def test_spec_for_reads_the_run_config():
 
 
 def _patch_model(monkeypatch):
-    monkeypatch.setattr("rlvr.model.loading.read_model_config", lambda name: _tiny_model_config())
+    monkeypatch.setattr(
+        "rlvr.training.preflight.memory_plan.read_model_config", lambda name: _tiny_model_config()
+    )
 
 
 def test_gpu_refuses_a_plan_that_cannot_fit(monkeypatch, capsys):

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlvr.checkpoint.protocol import Checkpointable
+from rlvr.model.lora import is_lora_model, load_adapter_weights
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,6 @@ def read_state(path: Path) -> tuple[dict, dict]:
 
 def restore_model(model: torch.nn.Module, folder: Path) -> None:
     """Load the weights saved in ``folder`` into ``model`` in place (adapter or full weights)."""
-    from rlvr.model.lora import is_lora_model, load_adapter_weights
 
     if is_lora_model(model):
         load_adapter_weights(model, folder)

@@ -14,6 +14,8 @@ from pathlib import Path
 import yaml
 
 from rlvr.checkpoint.full import CONFIG_FILE, MODEL_DIR, checkpoint_step
+from rlvr.checkpoint.sharded import export_full_model, is_sharded
+from rlvr.model.loading import resolve_model_path, save_model_folder
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -62,9 +64,6 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rlvr.checkpoint.sharded import export_full_model, is_sharded
-    from rlvr.model.loading import resolve_model_path, save_model_folder
 
     sharded = Path(path).is_dir() and is_sharded(Path(path))
     if sharded and not (Path(path) / MODEL_DIR / ADAPTER_CONFIG).exists():

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
 from rlvr.config import Config, ConfigError
 
 # Config keys a resumed run must share with its checkpoint: they shape the weights, the optimizer
@@ -53,7 +54,6 @@ def plan_resume(cfg: Config, run_dir: Path | None = None) -> ResumePlan | None:
     without a complete checkpoint starts over in its directory. A path: that run directory,
     which must hold a complete checkpoint.
     """
-    from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
 
     resume = cfg.train.resume
     if not resume:

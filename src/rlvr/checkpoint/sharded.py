@@ -53,6 +53,7 @@ from rlvr.checkpoint.full import (
     set_rng_state,
 )
 from rlvr.checkpoint.protocol import Checkpointable
+from rlvr.model.lora import is_lora_model
 
 DCP_DIR = "dcp"
 FULL_MODEL_DIR = "full_model"
@@ -81,8 +82,6 @@ def _stateful(state: Checkpointable) -> tuple[torch.nn.Module, Any]:
     frozen base comes from ``model.name_or_path``, as in a one-process LoRA checkpoint).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    from rlvr.model.lora import is_lora_model
 
     lora = is_lora_model(state.model)
     options = StateDictOptions(ignore_frozen_params=lora, strict=not lora)
@@ -268,7 +267,6 @@ def full_model_state(path: Path, part: str = "model") -> dict[str, torch.Tensor]
 def _save_adapter_config(model: torch.nn.Module, folder: Path) -> None:
     """A LoRA run: ``adapter_config.json`` beside the model config, as ``save_pretrained`` of
     the adapter writes it (the export turns the sharded adapter weights into a peft folder)."""
-    from rlvr.model.lora import is_lora_model
 
     if is_lora_model(model):
         peft_cfg = copy.deepcopy(model.peft_config[ADAPTER_NAME])

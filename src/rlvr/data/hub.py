@@ -29,6 +29,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from rlvr.data.records import BadRecord, DataError, Record
+from rlvr.rewards.extract import gsm8k_answer, last_boxed
 
 HUB_PREFIX = "hf:"
 OPTIONS = ("split", "config", "revision", "streaming")
@@ -198,7 +199,6 @@ def extract_reference(answer: str, mode: str, field: str) -> str:
     """
     if mode == "none":
         return answer
-    from rlvr.rewards.extract import gsm8k_answer, last_boxed
 
     found = gsm8k_answer(answer) if mode == "gsm8k" else last_boxed(answer)
     if not found:

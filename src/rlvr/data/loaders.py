@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
+from rlvr.data.multimodal import resolve_image_paths
 from rlvr.data.records import KNOWN_FORMATS, BadRecord, BadRow, DataError, LoadReport, Record
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,6 @@ def load_rows_with_report(
     for name, value in (("prompt_field", prompt_field), ("answer_field", answer_field)):
         if not isinstance(value, str) or not value:
             raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-
-    from rlvr.data.multimodal import resolve_image_paths
 
     src = parse_source(path, split)
     if answer_extract not in ANSWER_EXTRACT:

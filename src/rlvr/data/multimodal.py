@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from rlvr.data.templates import render_rows
+
 IMAGE_FIELD = "images"
 VISION_KEYS = ("pixel_values", "image_grid_thw")
 # Config fields naming a VLM's vision special tokens (Qwen2-VL / Qwen2.5-VL names).
@@ -162,7 +164,6 @@ def render_inputs(
     Rows with images need the model's ``processor`` (a vision-language model) and the chat
     template, whose image entries the processor expands; the errors name the knob to change.
     """
-    from rlvr.data.templates import render_rows
 
     if not has_images(rows):
         texts, ids = render_rows(rows, template, tokenizer, system_prompt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlvr.config import Config
+from rlvr.data.loaders import load_rows
 from rlvr.data.tasks import DEFAULT_REWARD, task_rows
 from rlvr.rewards.runner import RewardSpec
 
@@ -14,7 +15,6 @@ def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
         return task_rows(
             d.task, num_train=d.num_train, num_eval=d.num_eval, seed=d.seed, **d.task_kwargs
         )
-    from rlvr.data.loaders import load_rows
 
     kw = dict(
         prompt_field=d.prompt_field,

@@ -10,6 +10,8 @@ import itertools
 import random
 from fractions import Fraction
 
+from rlvr.data.tasks_shapes import shapes_rows
+
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -121,7 +123,6 @@ def countdown_rows(
 
 
 def _shapes_rows(**kwargs) -> tuple[list[dict], list[dict]]:
-    from rlvr.data.tasks_shapes import shapes_rows  # PIL only when the visual task is asked for
 
     return shapes_rows(**kwargs)
 

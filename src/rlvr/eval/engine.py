@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.data.rows import reward_specs
+from rlvr.eval.evaluator import evaluate_sets
+from rlvr.eval.provenance import provenance
+from rlvr.rollout.builder import build_engine, hf_engine
 from rlvr.rollout.hf import HFEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def weights_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter."""
-    for p in model.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return torch.float32
 
 
 def resolve_eval_dtype(cfg, device: torch.device | str) -> torch.dtype:
@@ -47,27 +43,18 @@ def hf_eval_engine(
     model: torch.nn.Module, tokenizer, cfg, dtype: torch.dtype, *, synced: bool = False
 ) -> HFEngine:
     """An hf engine over ``model`` computing in ``dtype`` (autocast when below the weights')."""
-    return HFEngine(
-        model,
-        tokenizer,
-        batch_size=eval_batch_size(cfg),
-        autocast=dtype != weights_dtype(model),
-        autocast_dtype=dtype,
-        synced=synced,
-        decoder=cfg.rollout.hf_decoder,  # evaluation samples as training does
+    return hf_engine(
+        cfg, model, tokenizer, dtype=dtype, batch_size=eval_batch_size(cfg), synced=synced
     )
 
 
 def offline_eval_engine(cfg, model: torch.nn.Module, tokenizer):
-    """The engine of `rlvr eval` / filter-difficulty: the config's engine at ``eval.dtype``."""
-    from rlvr.rollout.builder import engine_for  # auto resolved as training resolves it
-
+    """The engine of `rlvr eval` / filter-difficulty: the config's engine (chosen and built by
+    `rlvr.rollout.builder`, as training's is) at ``eval.dtype``."""
     dtype = resolve_eval_dtype(cfg, next(model.parameters()).device)
-    if engine_for(cfg, model) == "vllm":
-        from rlvr.rollout.vllm import VLLMEngine
-
-        return VLLMEngine.from_trainer(cfg, model, tokenizer, dtype=dtype)
-    return hf_eval_engine(model, tokenizer, cfg, dtype)
+    return build_engine(
+        cfg, model, tokenizer, autocast=False, dtype=dtype, batch_size=eval_batch_size(cfg)
+    )
 
 
 def training_eval_engine(cfg, engine, model: torch.nn.Module, tokenizer):
@@ -95,9 +82,6 @@ def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=
     """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
     batch size, recording the provenance: both evaluators call this, so they cannot differ.
     ``processor``: a vision-language model's, for sets whose rows carry images."""
-    from rlvr.data.rows import reward_specs
-    from rlvr.eval.evaluator import evaluate_sets
-    from rlvr.eval.provenance import provenance
 
     max_new_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     batch_size = eval_batch_size(cfg)

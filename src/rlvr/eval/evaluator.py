@@ -23,6 +23,7 @@ from rlvr.eval.metrics import summarize
 from rlvr.eval.reply_stats import reply_stats
 from rlvr.jsonio import atomic_write_text
 from rlvr.rewards.math import extract_answer
+from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.base import SamplingParams
 
 
@@ -259,8 +260,6 @@ def _runner_for(grader: str | None, rewards, own: dict[str, object]):
     if grader is None or (specs and [s.name for s in specs] == [grader]):
         return rewards
     if grader not in own:
-        from rlvr.rewards.runner import RewardRunner
-
         timeout = getattr(rewards, "timeout_s", 5.0)
         own[grader] = RewardRunner([{"name": grader}], timeout_s=timeout, max_failure_fraction=1.0)
     return own[grader]

@@ -18,7 +18,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlvr.config import load_config
+from rlvr.data.loaders import load_rows
+from rlvr.data.rows import reward_specs
 from rlvr.eval.evaluator import generate_records
+from rlvr.eval.loading import eval_engine, load_policy, resolve_source
+from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.base import SamplingParams
 
 
@@ -144,11 +149,6 @@ def write_kept(out: Path, kept: list[dict], summary: DifficultySummary) -> Path:
 
 def cmd_filter_difficulty(args: argparse.Namespace) -> int:
     """Run `rlvr data filter-difficulty`; print the summary line. Returns the exit code."""
-    from rlvr.config import load_config
-    from rlvr.data.loaders import load_rows
-    from rlvr.data.rows import reward_specs
-    from rlvr.eval.loading import eval_engine, load_policy, resolve_source
-    from rlvr.rewards.runner import RewardRunner
 
     check_bounds(args.k, args.min_rate, args.max_rate)  # before any model loads
     source = resolve_source(args.model)

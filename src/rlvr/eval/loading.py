@@ -18,6 +18,7 @@ import torch
 
 from rlvr.checkpoint.sharded import export_full_model, is_sharded
 from rlvr.distributed import DistInfo, device_for
+from rlvr.eval.engine import offline_eval_engine
 from rlvr.model.attention import use_training_attention
 from rlvr.model.loading import ModelLoadError, prepare_tokenizer
 from rlvr.model.vlm import load_policy_model, load_processor
@@ -136,6 +137,5 @@ def load_policy(
 def eval_engine(cfg, model, tokenizer):
     """The rollout engine the run's config asks for, computing in ``eval.dtype`` (not the
     training autocast: see `rlvr.eval.engine`)."""
-    from rlvr.eval.engine import offline_eval_engine
 
     return offline_eval_engine(cfg, model, tokenizer)

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from rlvr.config.benchmarks import BENCHMARKS
 from rlvr.config.eval import HELDOUT, EvalSetConfig
+from rlvr.data.loaders import load_rows
+from rlvr.data.tasks import task_rows
 from rlvr.eval.evaluator import EvalSet
 
 
@@ -29,8 +31,6 @@ def set_rows(
     set_cfg = set_cfg.resolved()  # a named benchmark's hub rows, fields and answer format
     limit = set_cfg.max_problems or cfg.eval.max_problems
     if set_cfg.path is not None:
-        from rlvr.data.loaders import load_rows
-
         rows = load_rows(
             set_cfg.path,
             prompt_field=set_cfg.prompt_field or cfg.data.prompt_field,
@@ -40,8 +40,6 @@ def set_rows(
             answer_extract=set_cfg.answer_extract or cfg.data.answer_extract,
         )
     elif set_cfg.task is not None:
-        from rlvr.data.tasks import task_rows
-
         # The generator's held-out split holds `limit` distinct problems; its train split is
         # not used, so ask for one row of it.
         _, rows = task_rows(

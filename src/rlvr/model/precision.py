@@ -59,3 +59,11 @@ def precision_text(cfg: Config, autocast: bool, device: torch.device) -> str:
         fast = "has a" if autocast else "has no"
         why += f": this {torch.device(device).type.upper()} {fast} bf16 fast path"
     return f"{'bf16 autocast' if autocast else 'float32'} ({why})"
+
+
+def weights_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32

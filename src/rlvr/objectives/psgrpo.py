@@ -12,6 +12,8 @@ import numpy as np
 from rlvr.algorithms import psgrpo_step_advantages
 from rlvr.objectives.base import Objective, register
 from rlvr.objectives.batch import RolloutBatch
+from rlvr.objectives.psgrpo_steps import StepScorer
+from rlvr.rewards.registry import build_prm
 
 
 @register("psgrpo_steps")
@@ -26,8 +28,6 @@ class PSGRPOSteps(Objective):
 
     def __init__(self, cfg, tokenizer=None) -> None:
         super().__init__(cfg, tokenizer)
-        from rlvr.objectives.psgrpo_steps import StepScorer
-        from rlvr.rewards.registry import build_prm
 
         ps = cfg.algo.psgrpo
         prm = (

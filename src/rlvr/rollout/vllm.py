@@ -33,6 +33,7 @@ from rlvr.rollout.vllm_setup import (
     DTYPE_NAMES,
     base_config,
     checkpoint_weights,
+    completion_from_vllm,
     cpu_kv_cache_bytes,
     engine_dtype,
     export_checkpoint,
@@ -276,7 +277,7 @@ class VLLMEngine:
         groups: list[list[Completion]] = [[] for _ in run_ids]
         for i, req in enumerate(outs):
             outputs = sorted(req.outputs, key=lambda o: o.index)
-            groups[i // reps] += [_completion(i // reps - lo, o) for o in outputs]
+            groups[i // reps] += [completion_from_vllm(i // reps - lo, o) for o in outputs]
         return groups[lo:hi]
 
     @staticmethod
@@ -383,21 +384,3 @@ class VLLMEngine:
         if self._asleep:
             self.wake_up()
         return self._llm
-
-
-# ---------------------------------------------------------------------- helpers
-def _completion(prompt_index: int, out) -> Completion:
-    """One vLLM ``CompletionOutput`` as our ``Completion`` (EOS kept in ``token_ids``)."""
-    if out.finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
-    token_ids = list(out.token_ids)
-    if out.logprobs is None or len(out.logprobs) != len(token_ids):
-        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-    logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, token_ids, strict=True)]
-    return Completion(
-        prompt_index=prompt_index,
-        token_ids=token_ids,
-        logprobs=logprobs,
-        text=out.text,
-        finish_reason=out.finish_reason,
-    )

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlvr.model.precision import bf16_supported
+from rlvr.rollout.base import Completion
 from rlvr.rollout.weight_sync import (
     PEFT_PREFIX,
     LoraMerge,
@@ -33,7 +35,6 @@ def engine_dtype(cfg, device: torch.device | str) -> torch.dtype:
     """The dtype the engine computes in: the trainer's numerics (bf16 when the trainer's weights
     are bf16 or its forward passes run under bf16 autocast, float32 otherwise), so the engine's
     log-probs and the trainer's agree as closely as the two precisions allow."""
-    from rlvr.model.precision import bf16_supported
 
     m = cfg.model
     if m.dtype == "bfloat16":
@@ -250,3 +251,21 @@ def quiet(logger_name: str):
         yield
     finally:
         log.setLevel(level)
+
+
+# ---------------------------------------------------------------------- helpers
+def completion_from_vllm(prompt_index: int, out) -> Completion:
+    """One vLLM ``CompletionOutput`` as our ``Completion`` (EOS kept in ``token_ids``)."""
+    if out.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a completion with reason {out.finish_reason!r}")
+    token_ids = list(out.token_ids)
+    if out.logprobs is None or len(out.logprobs) != len(token_ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
+    logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, token_ids, strict=True)]
+    return Completion(
+        prompt_index=prompt_index,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        text=out.text,
+        finish_reason=out.finish_reason,
+    )

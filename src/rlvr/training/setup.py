@@ -16,6 +16,7 @@ from rlvr import onednn_cache
 from rlvr.algorithms import AdaptiveKLController, FixedKLController
 from rlvr.checkpoint.resume_plan import plan_resume
 from rlvr.config import Config, ConfigError
+from rlvr.data.multimodal import prompt_token_counts
 from rlvr.data.rows import load_rows_for, reward_specs
 from rlvr.distributed import (
     DistInfo,
@@ -33,6 +34,7 @@ from rlvr.model.forward import SequenceBatch, completion_logits
 from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
 from rlvr.model.loading import model_context_length, prepare_tokenizer, resolve_model_path
 from rlvr.model.logprobs import completion_logprobs
+from rlvr.model.lora import apply_lora
 from rlvr.model.precision import resolve_autocast
 from rlvr.model.vlm import load_policy_model
 from rlvr.objectives import Objective, build_objective
@@ -156,7 +158,6 @@ def check_prompt_lengths(
 ) -> None:
     """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens
     (image tokens included), or rows with images for a model that cannot see them."""
-    from rlvr.data.multimodal import prompt_token_counts
 
     limit = cfg.data.max_prompt_tokens
     try:
@@ -234,8 +235,6 @@ def setup_run(
     # invocations, and under FSDP2 the shards each rank keeps, would start from different draws.
     torch.manual_seed(cfg.train.seed)
     if cfg.model.lora.enabled:
-        from rlvr.model.lora import apply_lora
-
         model = apply_lora(model, cfg.model.lora, exclude=freeze)  # frozen parts get no adapter
     param_counts = parameter_counts(model)  # after the freeze and LoRA's own freezing
     objective = build_objective(cfg, tokenizer)

@@ -12,6 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlvr.config import Config
+from rlvr.data.hub import HubUnreachable
+from rlvr.data.multimodal import has_images, prompt_token_counts, render_inputs
+from rlvr.data.records import DataError
+from rlvr.data.rows import load_rows_for
+from rlvr.data.templates import render_prompt, render_rows
+from rlvr.model.loading import (
+    ModelLoadError,
+    model_context_length,
+    prepare_tokenizer,
+    resolve_model_path,
+)
+from rlvr.model.vlm import is_vlm, load_processor
 from rlvr.training.preflight.checks import config_problems
 from rlvr.training.schedule import format_preflight, run_preflight
 
@@ -43,15 +55,12 @@ class Plan:
 
 def _processor(path: str, rows: list[dict]):
     """A vision-language model's processor when the rows carry images (no weights loaded)."""
-    from rlvr.data.multimodal import has_images
-    from rlvr.model.vlm import is_vlm, load_processor
 
     return load_processor(path) if has_images(rows) and is_vlm(path) else None
 
 
 def _load_tokenizer(cfg: Config, unchecked: list[str]):
     """The model's tokenizer, or None (with the reason appended to ``unchecked``)."""
-    from rlvr.model.loading import ModelLoadError, prepare_tokenizer, resolve_model_path
 
     try:
         path = resolve_model_path(cfg.model.name_or_path, convert=False)
@@ -69,12 +78,6 @@ def _load_tokenizer(cfg: Config, unchecked: list[str]):
 
 def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
-    from rlvr.data.hub import HubUnreachable
-    from rlvr.data.multimodal import prompt_token_counts, render_inputs
-    from rlvr.data.records import DataError
-    from rlvr.data.rows import load_rows_for
-    from rlvr.data.templates import render_rows
-    from rlvr.model.loading import model_context_length
 
     problems = config_problems(cfg)
     unchecked: list[str] = []
@@ -93,8 +96,6 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     example, example_tokens, longest = "", None, None
     if train:
         if tokenizer is None:
-            from rlvr.data.templates import render_prompt
-
             try:
                 example = render_prompt(d.template, train[0]["prompt"], None, d.system_prompt)
             except ValueError as exc:

@@ -11,6 +11,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from rlvr.model.attention import choose_attention
+from rlvr.model.loading import ModelLoadError, read_model_config
+from rlvr.model.precision import resolve_autocast
+from rlvr.model.shape import ModelShape, shape_from_config
+from rlvr.model.vlm import is_vlm_config
+from rlvr.objectives import build_objective
+from rlvr.rollout import vllm_setup as vs
+from rlvr.rollout.builder import engine_for
+
 GIB = 2**30
 # Resident memory of the Python process itself (python, torch, transformers, the tokenizer,
 # rlvr) before any weights load, measured on this CPU: 391-404 MiB (README, "The memory plan").
@@ -31,60 +40,6 @@ ACT_COEF: dict[tuple[str, bool], tuple[int, int, int]] = {
 # Float32 [rows, vocab] tensors decoding holds at once (rollout/decode.py: the step's logits,
 # their temperature-scaled copy, the softmax and its padded blocks for sampling).
 DECODE_LOGIT_COPIES = 4
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs of a model's config (Llama-style names)."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool = True
-    attention_bias: bool = False
-
-    def module_dims(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each linear of one decoder layer."""
-        h, i = self.hidden, self.intermediate
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        dims = [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
-        return dict(zip(LINEARS, dims, strict=True))
-
-    @property
-    def params(self) -> int:
-        dims = self.module_dims()
-        per_layer = sum(a * b for a, b in dims.values()) + 2 * self.hidden  # + two RMSNorms
-        if self.attention_bias:
-            per_layer += dims["q_proj"][1] + 2 * dims["k_proj"][1]
-        embed = self.vocab * self.hidden
-        return embed * (1 if self.tied else 2) + self.layers * per_layer + self.hidden
-
-    def lora_params(self, rank: int, targets: tuple[str, ...] | str) -> int:
-        """Adapter parameters: ``rank x (in + out)`` per targeted linear per layer."""
-        dims = self.module_dims()
-        names = list(dims) if targets == "all-linear" else [t for t in targets if t in dims]
-        return self.layers * sum(rank * sum(dims[n]) for n in names)
-
-
-def shape_from_config(config) -> ModelShape:
-    """A `ModelShape` from a transformers config (``AutoConfig``)."""
-    heads = config.num_attention_heads
-    return ModelShape(
-        layers=config.num_hidden_layers,
-        hidden=config.hidden_size,
-        intermediate=config.intermediate_size,
-        heads=heads,
-        kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-        head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
-        vocab=config.vocab_size,
-        tied=bool(getattr(config, "tie_word_embeddings", False)),
-        attention_bias=bool(getattr(config, "attention_bias", False)),
-    )
 
 
 @dataclass(frozen=True)
@@ -281,13 +236,6 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
     import torch
 
-    from rlvr.model.attention import choose_attention
-    from rlvr.model.precision import resolve_autocast
-    from rlvr.model.vlm import is_vlm_config
-    from rlvr.objectives import build_objective
-    from rlvr.rollout import vllm_setup as vs
-    from rlvr.rollout.builder import engine_for
-
     m, a, r = cfg.model, cfg.algo, cfg.rollout
     shape = shape_from_config(model_config)
     wb = 2 if m.dtype == "bfloat16" else 4
@@ -358,8 +306,6 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
 
     import psutil
     import torch
-
-    from rlvr.model.loading import ModelLoadError, read_model_config
 
     def say(text: str) -> None:
         if echo:
