@@ -20,9 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-from benchmarks.machine import PEAK_DTYPE
-from benchmarks.report import LABELS, SIDES, isa_limits_text
-from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
+from benchmarks.harness.machine import PEAK_DTYPE
+from benchmarks.harness.report import LABELS, SIDES, isa_limits_text
+from benchmarks.harness.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
 
 # what must agree between the files for their runs to be one sample (the workload's own default
 # seed list differs from the seeds a run was given, so it is left out)

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bounds import bound_summary
-from benchmarks.machine import (
+from benchmarks.harness.bounds import bound_summary
+from benchmarks.harness.machine import (
     DTYPE_BYTES,
     PEAK_DTYPE,
     PRECISIONS,
@@ -34,14 +34,14 @@ from benchmarks.machine import (
     matmul_peak_flops,
     memory_bandwidth,
 )
-from benchmarks.report import render_markdown, write_results
-from benchmarks.runner import REPO, Worker, alternate, worker_env
-from benchmarks.seeds import over_seeds, parse_seeds
-from benchmarks.stats import side_ratios, summarize_side, time_to_target
-from benchmarks.trl_env import ensure_trl_env
-from benchmarks.vllm_env import DEFAULT_VENV as DEFAULT_VLLM_VENV
-from benchmarks.vllm_env import ensure_vllm_env
-from benchmarks.workloads import (
+from benchmarks.harness.report import render_markdown, write_results
+from benchmarks.harness.runner import REPO, Worker, alternate, worker_env
+from benchmarks.harness.seeds import over_seeds, parse_seeds
+from benchmarks.harness.stats import side_ratios, summarize_side, time_to_target
+from benchmarks.harness.trl_env import ensure_trl_env
+from benchmarks.harness.vllm_env import DEFAULT_VENV as DEFAULT_VLLM_VENV
+from benchmarks.harness.vllm_env import ensure_vllm_env
+from benchmarks.harness.workloads import (
     WORKLOADS,
     check_workload,
     get_workload,
@@ -203,10 +203,10 @@ def worker_command(
     ``train.allocator`` value) is preloaded as ``rlvr train`` would (``rlvr.allocator``)."""
     if side in RLVR_ENGINES:
         # rlvr is installed (editable) in both .venv and .venv-vllm; only benchmarks/ is added
-        argv = [str(python), "-m", "benchmarks.worker_rlvr", str(spec_path)]
+        argv = [str(python), "-m", "benchmarks.harness.worker_rlvr", str(spec_path)]
         env = worker_env(threads, [REPO])
     elif side in TRL_SIDES:
-        argv = [str(python), "-m", "benchmarks.worker_trl", str(spec_path)]
+        argv = [str(python), "-m", "benchmarks.harness.worker_trl", str(spec_path)]
         env = worker_env(threads, [REPO, REPO / "src"])
     else:
         raise ValueError(f"unknown side {side!r}; known: {', '.join(KNOWN_SIDES)}")

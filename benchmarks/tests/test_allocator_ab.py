@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.allocator_ab import main, render, same_rewards, summarize
+from benchmarks.studies.allocator_ab import main, render, same_rewards, summarize
 
 
 def _step(step_s, gen, upd, reward, rss):
@@ -54,7 +54,7 @@ def test_table_sets_each_allocator_against_the_system_one():
         "allocators": ["system", "tcmalloc"],
         "mapped": {"system": ["system malloc"], "tcmalloc": ["tcmalloc (/l/t.so)"]},
         "same_rewards": True,
-        "command": "python -m benchmarks.allocator_ab",
+        "command": "python -m benchmarks.studies.allocator_ab",
         "summary": summary,
     }
     md = render(payload)

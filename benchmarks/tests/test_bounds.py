@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import machine
-from benchmarks.bounds import bound_summary, decode_bytes, phase_bounds
-from benchmarks.machine import memory_bandwidth
-from benchmarks.model_info import kv_bytes_per_token
-from benchmarks.report import render_markdown
+from benchmarks.harness import machine
+from benchmarks.harness.bounds import bound_summary, decode_bytes, phase_bounds
+from benchmarks.harness.machine import memory_bandwidth
+from benchmarks.harness.model_info import kv_bytes_per_token
+from benchmarks.harness.report import render_markdown
 from benchmarks.tests.test_report import _cells, _payload
 
 INFO = {"total_params": 110, "nonembed_params": 100, "head_params": 10, "kv_bytes_per_token": 10}

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from benchmarks.grad_trl_side import trl_micro_batch
-from benchmarks.grad_vs_trl import compare_grads
+from benchmarks.studies.grad_trl_side import trl_micro_batch
+from benchmarks.studies.grad_vs_trl import compare_grads
 
 
 def test_compare_grads_by_hand():

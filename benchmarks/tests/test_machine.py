@@ -8,8 +8,8 @@ import time
 import psutil
 import pytest
 
-from benchmarks import machine
-from benchmarks.machine import PeakRss, bench_precision, matmul_peak_flops, tree_rss
+from benchmarks.harness import machine
+from benchmarks.harness.machine import PeakRss, bench_precision, matmul_peak_flops, tree_rss
 
 
 def test_matmul_peak_arithmetic(monkeypatch):

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from benchmarks.pipeline_trl_side import RolloutReplay
-from benchmarks.pipeline_vs_trl import difference, sample_stats, update_vectors
+from benchmarks.studies.pipeline_trl_side import RolloutReplay
+from benchmarks.studies.pipeline_vs_trl import difference, sample_stats, update_vectors
 
 PROMPTS = {"P": [7, 8], "Q": [9]}
 

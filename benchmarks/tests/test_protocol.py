@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from benchmarks import protocol
-from benchmarks.protocol import Gate, encode_event, parse_command, parse_event
+from benchmarks.harness import protocol
+from benchmarks.harness.protocol import Gate, encode_event, parse_command, parse_event
 
 
 def test_event_round_trip_and_plain_lines():

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.report import render_markdown, results_paths, write_results
+from benchmarks.harness.report import render_markdown, results_paths, write_results
 
 
 def _summary(step_s: float, rss: float, ttt: float | None = None) -> dict:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from benchmarks.runner import REPO, Worker, alternate, block_order, worker_env
-from benchmarks.worker_rlvr import config_overrides
-from benchmarks.workloads import get_workload, prompt_digest, step_schedule
+from benchmarks.harness.runner import REPO, Worker, alternate, block_order, worker_env
+from benchmarks.harness.worker_rlvr import config_overrides
+from benchmarks.harness.workloads import get_workload, prompt_digest, step_schedule
 
 
 def test_block_order_is_abba():
@@ -141,7 +141,7 @@ def test_rlvr_worker_end_to_end(tmp_path):
         "schedule": schedule,
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    argv = [sys.executable, "-m", "benchmarks.worker_rlvr", str(tmp_path / "spec.json")]
+    argv = [sys.executable, "-m", "benchmarks.harness.worker_rlvr", str(tmp_path / "spec.json")]
     worker = Worker("rlvr", argv, worker_env(1, [REPO]), tmp_path / "rlvr.log").start()
     try:
         ready = worker.wait_ready(timeout_s=120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.sampler_ab import permutation_p, steps_to_target, summarize
+from benchmarks.studies.sampler_ab import permutation_p, steps_to_target, summarize
 
 
 def test_permutation_p_counts_the_splits_at_least_as_far_apart():

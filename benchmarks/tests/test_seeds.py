@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.seeds import (
+from benchmarks.harness.seeds import (
     over_seeds,
     parse_seeds,
     plot_reward_vs_time,
@@ -138,7 +138,7 @@ def test_two_seeds_end_to_end(tmp_path, capsys):
     md = js.with_suffix(".md").read_text()
     assert "Over seeds (rlvr (transformers): 2 runs)" in md and js.with_suffix(".png").name in md
     # the .md and plot are rebuilt from the .json alone (the raw per-step data it keeps)
-    from benchmarks.report import main as report_main
+    from benchmarks.harness.report import main as report_main
 
     js.with_suffix(".md").unlink()
     js.with_suffix(".png").unlink()
@@ -173,8 +173,8 @@ def test_a_run_cut_short_keeps_the_seeds_it_finished(tmp_path, monkeypatch):
 
 
 def test_the_target_workload_runs_five_seeds_unless_told_otherwise():
+    from benchmarks.harness.workloads import get_workload
     from benchmarks.step import parse_args, pick_seeds
-    from benchmarks.workloads import get_workload
 
     target = get_workload("target")
     assert pick_seeds(parse_args(["--workload", "target"]), target) == [0, 1, 2, 3, 4]

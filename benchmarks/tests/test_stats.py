@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.stats import (
+from benchmarks.harness.stats import (
     quartiles,
     rolling_mean,
     side_ratios,

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from benchmarks.harness.workloads import prompt_digest
 from benchmarks.step import (
     DEFAULT_SIDES,
     KNOWN_SIDES,
@@ -17,7 +18,6 @@ from benchmarks.step import (
     prompts_agree,
     worker_command,
 )
-from benchmarks.workloads import prompt_digest
 from rlvr.allocator import resolve as resolve_allocator
 
 
@@ -59,15 +59,15 @@ def test_worker_commands(tmp_path):
     spec = tmp_path / "spec.json"
     vpy = Path("/x/.venv-vllm/bin/python")
     argv, env = worker_command("rlvr-vllm", vpy, spec, threads=2)
-    assert argv == [str(vpy), "-m", "benchmarks.worker_rlvr", str(spec)]
+    assert argv == [str(vpy), "-m", "benchmarks.harness.worker_rlvr", str(spec)]
     assert env["OMP_NUM_THREADS"] == "2" and "src" not in env["PYTHONPATH"]
     argv, _ = worker_command("rlvr", Path(sys.executable), spec, threads=2)
-    assert argv[1:3] == ["-m", "benchmarks.worker_rlvr"]
+    assert argv[1:3] == ["-m", "benchmarks.harness.worker_rlvr"]
     argv, env = worker_command("trl", Path("/t/python"), spec, threads=1)
-    assert argv[1:3] == ["-m", "benchmarks.worker_trl"]
+    assert argv[1:3] == ["-m", "benchmarks.harness.worker_trl"]
     assert env["PYTHONPATH"].endswith("src")  # rlvr's grader comes from src/ in TRL's venv
     assert worker_command("trl-whole", Path("/t/python"), spec, threads=1)[0] == argv[:2] + [
-        "benchmarks.worker_trl",
+        "benchmarks.harness.worker_trl",
         str(spec),
     ]
     with pytest.raises(ValueError, match="unknown side"):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.trl_env import REQUIREMENTS, STAMP, TORCH_REQUIREMENT, ensure_trl_env
+from benchmarks.harness.trl_env import REQUIREMENTS, STAMP, TORCH_REQUIREMENT, ensure_trl_env
 
 
 def test_missing_venv_without_install_is_a_clear_error(tmp_path):

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from benchmarks import vllm_env
-from benchmarks.vllm_env import DEFAULT_VENV, REPO, STAMP, ensure_vllm_env, setup_command
+from benchmarks.harness import vllm_env
+from benchmarks.harness.vllm_env import DEFAULT_VENV, REPO, STAMP, ensure_vllm_env, setup_command
 
 
 def test_missing_venv_without_install_names_make_setup_vllm(tmp_path):

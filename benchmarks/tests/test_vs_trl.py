@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.vs_trl import add_common_args, resolve, write_results
+from benchmarks.studies.vs_trl import add_common_args, resolve, write_results
 
 
 def test_results_are_the_payload_and_its_rendering(tmp_path, capsys):

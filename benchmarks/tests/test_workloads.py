@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from benchmarks.workloads import (
+from benchmarks.harness.workloads import (
     WORKLOADS,
     check_workload,
     get_workload,

@@ -5,7 +5,7 @@ as soon as they are freed and takes fresh ones for the next tensor (each page fa
 zeroed again), and keeps the rest of its heap in fragments sized like last step's tensors, so a
 step is slower and the resident set grows with the number of distinct tensor shapes. tcmalloc
 and jemalloc keep freed blocks in size classes and reuse them. On the ``target`` benchmark
-workload (``benchmarks/allocator_ab.py``, one seed, 8 steps each) tcmalloc made a step 5% faster
+workload (``benchmarks/studies/allocator_ab.py``, one seed, 8 steps each) tcmalloc made a step 5% faster
 (generation 10%, the update 5%) and the peak 9% lower than glibc's; jemalloc lowered the peak by
 11% but slowed the update by 17%, so ``auto`` prefers tcmalloc.
 
@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 CHOICES = ("auto", "tcmalloc", "jemalloc", "system")
-# auto takes the first one found: tcmalloc was the faster of the two (benchmarks/allocator_ab.py)
+# auto takes the first one found: tcmalloc was the faster of the two (benchmarks/studies/allocator_ab.py)
 PREFERENCE = ("tcmalloc", "jemalloc")
 LIBRARIES = {
     "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc.so"),

@@ -110,7 +110,7 @@ class RolloutConfig(Section):
         "rlvr's decoding loop "
         "(rollout/decode.py: inverse-CDF sampling, finished rows leave the batch; about 1.5x "
         "faster on the CPU); 'generate' is transformers' generate, the reference the loop is "
-        "tested against (benchmarks/sampler_ab.py compares how fast each learns). Image prompts "
+        "tested against (benchmarks/studies/sampler_ab.py compares how fast each learns). Image prompts "
         "always use generate.",
     )
     temperature: float = Field(1.0, ge=0.0)

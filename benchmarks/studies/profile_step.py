@@ -1,6 +1,6 @@
 """Profile one rlvr training step of a benchmark workload: where does the time go?
 
-    python -m benchmarks.profile_step --workload default --out /tmp/rlvr-profile
+    python -m benchmarks.studies.profile_step --workload default --out /tmp/rlvr-profile
 
 Runs the same trainer config as the benchmark's rlvr side, one warm-up step, then one step under
 cProfile (Python call tree) and one under ``torch.profiler`` (operator table). Writes
@@ -18,14 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.machine import PRECISIONS, bench_precision
+from benchmarks.harness.machine import PRECISIONS, bench_precision
+from benchmarks.harness.worker_rlvr import config_overrides
+from benchmarks.harness.workloads import WORKLOADS, get_workload
 from benchmarks.step import prepare_model
-from benchmarks.worker_rlvr import config_overrides
-from benchmarks.workloads import WORKLOADS, get_workload
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.profile_step")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.studies.profile_step")
     p.add_argument("--workload", default="default", help=f"one of {', '.join(WORKLOADS)}")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)

@@ -1,6 +1,6 @@
 """Does the hf engine's sampler change how fast the policy learns? An A/B over seeds.
 
-    python -m benchmarks.sampler_ab --seeds 0,1,2,3,4,5,6,7 --jobs 2
+    python -m benchmarks.studies.sampler_ab --seeds 0,1,2,3,4,5,6,7 --jobs 2
 
 Runs the ``target`` workload (the settings ``benchmarks.step`` gives rlvr) once per seed and arm,
 where the arms differ only in ``rollout.hf_decoder``: ``loop`` (rlvr's decoding loop) and
@@ -31,12 +31,12 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from benchmarks.seeds import parse_seeds
-from benchmarks.stats import rolling_mean, time_to_target
-from benchmarks.workloads import get_workload
+from benchmarks.harness.seeds import parse_seeds
+from benchmarks.harness.stats import rolling_mean, time_to_target
+from benchmarks.harness.workloads import get_workload
 
 ARMS = ("loop", "generate")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_one(spec: dict) -> list[dict]:
@@ -44,7 +44,7 @@ def run_one(spec: dict) -> list[dict]:
     record per step (in this process: the ``--run`` worker)."""
     import torch
 
-    from benchmarks.worker_rlvr import config_overrides
+    from benchmarks.harness.worker_rlvr import config_overrides
     from rlvr.config import load_config
     from rlvr.training.trainer import Trainer
 
@@ -173,7 +173,7 @@ def plot(path: Path, runs: dict, window: int) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.sampler_ab",
+        prog="python -m benchmarks.studies.sampler_ab",
         description="Steps to the target reward with rlvr's decoding loop against transformers' "
         "generate, over seeds (the target workload, everything else equal).",
     )
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         records = run_one(spec)
         Path(spec["records"]).write_text(json.dumps(records))
         return 0
-    from benchmarks.machine import machine_info
+    from benchmarks.harness.machine import machine_info
     from benchmarks.step import prepare_model
 
     seeds = parse_seeds(args.seeds)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             "work_dir": str(d / "run"), "records": str(d / "records.json"),
         }  # fmt: skip
         (d / "spec.json").write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "benchmarks.sampler_ab", "--run", str(d / "spec.json")]
+        cmd = [sys.executable, "-m", "benchmarks.studies.sampler_ab", "--run", str(d / "spec.json")]
         res = subprocess.run(
             cmd, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL
         )
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "machine": machine_info(),
-        "command": "python -m benchmarks.sampler_ab " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.studies.sampler_ab " + " ".join(sys.argv[1:]),
         "threads": args.threads, "jobs": args.jobs, "target": w.target_reward,
         "window": w.target_window, "cap": w.steps, "runs": runs,
     }  # fmt: skip

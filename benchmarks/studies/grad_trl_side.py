@@ -1,6 +1,6 @@
-"""TRL's side of ``benchmarks.grad_vs_trl``: TRL's own Dr.GRPO loss on a batch rlvr sampled.
+"""TRL's side of ``benchmarks.studies.grad_vs_trl``: TRL's own Dr.GRPO loss on a batch rlvr sampled.
 
-    python -m benchmarks.grad_trl_side DIR     # TRL's venv; reads DIR/batch.json
+    python -m benchmarks.studies.grad_trl_side DIR     # TRL's venv; reads DIR/batch.json
 
 Builds a ``GRPOTrainer`` with the benchmark's settings (``worker_trl.grpo_args``), lays the batch
 out as TRL's ``_generate_and_score_completions`` does (prompts left-padded, completions
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from benchmarks.worker_trl import arithmetic_reward, grpo_args
+    from benchmarks.harness.worker_trl import arithmetic_reward, grpo_args
 
     out = Path(argv[0])
     d = json.loads((out / "batch.json").read_text())

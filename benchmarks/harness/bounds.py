@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.stats import quartiles, training_flops
+from benchmarks.harness.stats import quartiles, training_flops
 
 BF16_BYTES = 2
 

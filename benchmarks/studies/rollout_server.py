@@ -1,8 +1,8 @@
 """rollout.mode=server figures: idle time of the trainer and of the rollout worker per step, and
 weight-sync cost per MB, for rollout.max_staleness 0 and 1.
 
-    python -m benchmarks.rollout_server                       # from .venv-vllm; tiny + 27M model
-    python -m benchmarks.rollout_server --sizes 128x2 --steps 4
+    python -m benchmarks.studies.rollout_server                       # from .venv-vllm; tiny + 27M model
+    python -m benchmarks.studies.rollout_server --sizes 128x2 --steps 4
 
 Each run is ``rlvr train`` in this process with ``rollout.mode=server`` (it starts the vLLM server
 as a child process, float32, on a random tiny Llama model of the given ``hidden x layers``).
@@ -27,7 +27,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.machine import load_average
+from benchmarks.harness.machine import load_average
 
 
 def run(size: str, staleness: int, steps: int, out: Path) -> dict:

@@ -1,7 +1,7 @@
-"""TRL's side of ``benchmarks.pipeline_vs_trl``: TRL's whole training loop, in TRL's venv.
+"""TRL's side of ``benchmarks.studies.pipeline_vs_trl``: TRL's whole training loop, in TRL's venv.
 
-    python -m benchmarks.pipeline_trl_side DIR update   # replay rlvr's batches through GRPOTrainer.train
-    python -m benchmarks.pipeline_trl_side DIR sample   # GRPOTrainer.train at learning rate 0
+    python -m benchmarks.studies.pipeline_trl_side DIR update   # replay rlvr's batches through GRPOTrainer.train
+    python -m benchmarks.studies.pipeline_trl_side DIR sample   # GRPOTrainer.train at learning rate 0
 
 ``update``: ``GRPOTrainer.train()`` runs as many steps as ``DIR/batches.json`` holds, and TRL's own
 ``rollout_func`` hook hands it, for each prompt it asks about, the replies rlvr sampled for that
@@ -67,7 +67,7 @@ def _trainer(spec: dict, out: Path, *, lr: float, rollout_func=None, trainer_cls
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from benchmarks.worker_trl import arithmetic_reward, grpo_args, load_tokenizer_and_model
+    from benchmarks.harness.worker_trl import arithmetic_reward, grpo_args, load_tokenizer_and_model
 
     tok, model = load_tokenizer_and_model(spec)
     rows = [r for step in spec["schedule"][: spec["steps"]] for r in step]
@@ -128,7 +128,10 @@ def run_sample(out: Path, spec: dict) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1] not in ("update", "sample"):
-        print("usage: python -m benchmarks.pipeline_trl_side DIR update|sample", file=sys.stderr)
+        print(
+            "usage: python -m benchmarks.studies.pipeline_trl_side DIR update|sample",
+            file=sys.stderr,
+        )
         return 2
     out = Path(argv[0])
     spec = json.loads((out / "spec.json").read_text())

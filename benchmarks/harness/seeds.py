@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.stats import quartiles, rolling_mean, safe_ratio
+from benchmarks.harness.stats import quartiles, rolling_mean, safe_ratio
 
 
 def parse_seeds(text: str) -> list[int]:

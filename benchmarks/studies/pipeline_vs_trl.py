@@ -1,14 +1,14 @@
 """Is rlvr's training loop TRL's, join by join? Two checks on the ``target`` workload.
 
-    python -m benchmarks.pipeline_vs_trl --part update --seeds 0,1,2 --steps 3 --precision float32
-    python -m benchmarks.pipeline_vs_trl --part sample --seeds 0,1,2 --steps 8
+    python -m benchmarks.studies.pipeline_vs_trl --part update --seeds 0,1,2 --steps 3 --precision float32
+    python -m benchmarks.studies.pipeline_vs_trl --part sample --seeds 0,1,2 --steps 8
 
 ``update``: rlvr trains ``--steps`` real steps (``Trainer.train_step``: sampling, reward,
 advantages, loss, micro-batches, clipping, AdamW, schedule) and records each batch; TRL's
 ``GRPOTrainer.train()`` then runs the same number of steps, its ``rollout_func`` hook serving it
-rlvr's replies (``benchmarks/pipeline_trl_side.py``). From there on everything is TRL's own. The
+rlvr's replies (``benchmarks/studies/pipeline_trl_side.py``). From there on everything is TRL's own. The
 two runs' rewards and gradient norms are compared step by step and their final weights as update
-vectors (final minus initial). ``benchmarks.grad_vs_trl`` compares one loss gradient; this
+vectors (final minus initial). ``benchmarks.studies.grad_vs_trl`` compares one loss gradient; this
 compares everything that joins batches to weights. In float32 the two must agree up to summation
 order; under bf16 both round, differently.
 
@@ -35,17 +35,17 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.grad_vs_trl import compare_grads
-from benchmarks.machine import machine_info
-from benchmarks.runner import REPO, worker_env
-from benchmarks.vs_trl import (
+from benchmarks.harness.machine import machine_info
+from benchmarks.harness.runner import REPO, worker_env
+from benchmarks.harness.workloads import step_schedule
+from benchmarks.studies.grad_vs_trl import compare_grads
+from benchmarks.studies.vs_trl import (
     add_common_args,
     resolve,
     target_model,
     trl_version,
     write_results,
 )
-from benchmarks.workloads import step_schedule
 
 PARTS = ("update", "sample")
 # rlvr's config wants lr > 0; this one moves no float32 weight (AdamW's first step is ~lr)
@@ -91,7 +91,7 @@ def difference(a: dict, b: dict) -> dict:
 def rlvr_trainer(spec: dict, run_dir: Path, lr: float | None = None) -> Iterator:
     """rlvr's ``Trainer`` with the workload's settings (``lr`` overrides the spec's); its engine
     and reward workers are closed on the way out."""
-    from benchmarks.worker_rlvr import config_overrides
+    from benchmarks.harness.worker_rlvr import config_overrides
     from rlvr.config import load_config
     from rlvr.training.trainer import Trainer
 
@@ -136,7 +136,7 @@ def rlvr_sample(spec: dict, work: Path) -> list[dict]:
 
 def run_trl(trl_python: Path, seed_dir: Path, part: str, threads: int) -> None:
     subprocess.run(
-        [str(trl_python), "-m", "benchmarks.pipeline_trl_side", str(seed_dir), part],
+        [str(trl_python), "-m", "benchmarks.studies.pipeline_trl_side", str(seed_dir), part],
         env=worker_env(threads, [REPO, REPO / "src"]),
         check=True,
     )
@@ -239,7 +239,7 @@ def render(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.pipeline_vs_trl",
+        prog="python -m benchmarks.studies.pipeline_vs_trl",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append({"seed": seed, **result})
         print(f"[pipeline] seed {seed}: {json.dumps(result)}", flush=True)
     payload = {
-        "command": "python -m benchmarks.pipeline_vs_trl " + " ".join(argv),
+        "command": "python -m benchmarks.studies.pipeline_vs_trl " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_info(),
         "part": args.part,

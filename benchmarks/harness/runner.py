@@ -10,11 +10,11 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.machine import PeakRss
-from benchmarks.protocol import parse_event
-from benchmarks.stats import time_to_target
+from benchmarks.harness.machine import PeakRss
+from benchmarks.harness.protocol import parse_event
+from benchmarks.harness.stats import time_to_target
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 class WorkerFailed(RuntimeError):

@@ -1,12 +1,12 @@
 """Same batch, same model: is rlvr's Dr.GRPO gradient TRL's?
 
-    python -m benchmarks.grad_vs_trl --seeds 0,1 --precision float32
+    python -m benchmarks.studies.grad_vs_trl --seeds 0,1 --precision float32
 
 For each seed, rlvr samples and scores one batch of the ``target`` workload (4 prompts x 8
 samples, at most 48 tokens) and computes its update's gradient (Dr.GRPO, beta 0, one update per
 batch, micro-batches of 8; the optimizer step is replaced by a copy of the gradients and clipping
 is off). TRL 1.16, in its own venv, then computes the gradient of its own ``dr_grpo`` loss on the
-same token ids and advantages from the same initial weights (``benchmarks/grad_trl_side.py``).
+same token ids and advantages from the same initial weights (``benchmarks/studies/grad_trl_side.py``).
 The two gradients are compared tensor by tensor: a difference in the maths (normalisation, masks,
 the shift between logits and labels, which tokens count) shows up here, free of sampling noise.
 Writes ``DATE-grad-vs-trl.{json,md}`` under ``--out``.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.machine import machine_info
-from benchmarks.runner import REPO, worker_env
-from benchmarks.vs_trl import (
+from benchmarks.harness.machine import machine_info
+from benchmarks.harness.runner import REPO, worker_env
+from benchmarks.studies.vs_trl import (
     add_common_args,
     resolve,
     target_model,
@@ -64,7 +64,7 @@ def compare_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dic
 
 def rlvr_batch_and_grads(spec: dict, work: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """rlvr's batch (prompt ids, reply ids, advantages per sequence) and its update's gradient."""
-    from benchmarks.worker_rlvr import config_overrides
+    from benchmarks.harness.worker_rlvr import config_overrides
     from rlvr.config import load_config
     from rlvr.training.trainer import Trainer
     from rlvr.training.update import update
@@ -136,7 +136,9 @@ def render(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(prog="python -m benchmarks.grad_vs_trl", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.grad_vs_trl", description=__doc__
+    )
     add_common_args(p, precision="float32", seeds_help="comma list: one batch per seed (default 0)")
     args = p.parse_args(argv)
     resolved = resolve(p, args, "grad")
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({**dump, "model_dir": str(model_dir), "spec": spec})
         )
         subprocess.run(
-            [str(trl_python), "-m", "benchmarks.grad_trl_side", str(seed_dir)],
+            [str(trl_python), "-m", "benchmarks.studies.grad_trl_side", str(seed_dir)],
             env=worker_env(args.threads, [REPO, REPO / "src"]),
             check=True,
         )
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"[grad] seed {seed}: {json.dumps(compare)}", flush=True)
     payload = {
-        "command": "python -m benchmarks.grad_vs_trl " + " ".join(argv),
+        "command": "python -m benchmarks.studies.grad_vs_trl " + " ".join(argv),
         "date": time.strftime("%Y-%m-%d"),
         "machine": machine_info(),
         "precision": precision,

@@ -1,6 +1,6 @@
 """What the ``malloc`` is worth: the ``target`` workload's rlvr side under each allocator.
 
-    python -m benchmarks.allocator_ab --steps 10 --allocators system,tcmalloc,jemalloc
+    python -m benchmarks.studies.allocator_ab --steps 10 --allocators system,tcmalloc,jemalloc
 
 Each allocator (``train.allocator`` values, see ``rlvr.allocator``; ``system`` is glibc's) trains
 the same seed in a process of its own, preloaded the way ``rlvr train`` preloads it, one after the
@@ -28,14 +28,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.machine import bench_precision, machine_info
-from benchmarks.report import results_paths
-from benchmarks.stats import safe_ratio
+from benchmarks.harness.machine import bench_precision, machine_info
+from benchmarks.harness.report import results_paths
+from benchmarks.harness.stats import safe_ratio
+from benchmarks.harness.workloads import get_workload
 from benchmarks.step import prepare_model
-from benchmarks.workloads import get_workload
 from rlvr.allocator import CHOICES, allocator_env, describe, resolve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIGURES = (  # (row label, record key, format)
     ("step time, median (s)", "step_s", "{:.2f}"),
     ("generation, median (s)", "generate_s", "{:.2f}"),
@@ -47,7 +47,7 @@ def child(spec: dict) -> None:
     """Train ``spec['steps']`` steps of the target workload in this process, one JSON line a step."""
     import torch
 
-    from benchmarks.worker_rlvr import config_overrides
+    from benchmarks.harness.worker_rlvr import config_overrides
     from rlvr.config import load_config
     from rlvr.training.trainer import Trainer
 
@@ -75,7 +75,7 @@ def run_allocator(choice: str, spec: dict, work: Path) -> dict:
     env = allocator_env(choice, {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.allocator_ab", "--child", str(spec_path)],
+        [sys.executable, "-m", "benchmarks.studies.allocator_ab", "--child", str(spec_path)],
         capture_output=True,
         text=True,
         env=env,
@@ -138,7 +138,9 @@ def render(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.allocator_ab", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.allocator_ab", description=__doc__
+    )
     p.add_argument("--allocators", default="system,tcmalloc,jemalloc")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "rounds": args.rounds,
         "allocators": choices,
-        "command": "python -m benchmarks.allocator_ab " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.studies.allocator_ab " + " ".join(sys.argv[1:]),
         "mapped": {c: [run["allocator"] for run in runs] for c, runs in by_choice.items()},
         "same_rewards": same_rewards(by_choice),
         "summary": {c: summarize(runs, args.warmup) for c, runs in by_choice.items()},

@@ -1,8 +1,8 @@
 """Rollout throughput, vLLM vs transformers, on the same batch in the same process.
 
-    python -m benchmarks.rollout_engines                      # default model, 32 prompts x 8 x 48
-    python -m benchmarks.rollout_engines --prompts 8 --repeats 3 --model /path/to/hf/folder
-    python -m benchmarks.rollout_engines --prompts 4 --repeats 9 --vllm-compiled  # + compiled vLLM
+    python -m benchmarks.studies.rollout_engines                      # default model, 32 prompts x 8 x 48
+    python -m benchmarks.studies.rollout_engines --prompts 8 --repeats 3 --model /path/to/hf/folder
+    python -m benchmarks.studies.rollout_engines --prompts 4 --repeats 9 --vllm-compiled  # + compiled vLLM
 
 Both engines are built the way ``rlvr train`` builds them (``build_engine`` with
 ``rollout.engine=hf`` / ``vllm``): float32 master weights, bf16 autocast for transformers where the
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from benchmarks.machine import load_average
+from benchmarks.harness.machine import load_average
 
 
 def _config(args, engine: str, *, eager: bool = True):

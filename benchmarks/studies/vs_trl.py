@@ -11,12 +11,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.machine import PRECISIONS, bench_precision
-from benchmarks.runner import REPO
-from benchmarks.seeds import parse_seeds
+from benchmarks.harness.machine import PRECISIONS, bench_precision
+from benchmarks.harness.runner import REPO
+from benchmarks.harness.seeds import parse_seeds
+from benchmarks.harness.trl_env import ensure_trl_env
+from benchmarks.harness.workloads import Workload, get_workload
 from benchmarks.step import prepare_model
-from benchmarks.trl_env import ensure_trl_env
-from benchmarks.workloads import Workload, get_workload
 
 
 def add_common_args(p: argparse.ArgumentParser, *, precision: str, seeds_help: str) -> None:

@@ -1,4 +1,4 @@
-"""The TRL side of a benchmark: ``python -m benchmarks.worker_trl SPEC.json`` (TRL's own venv).
+"""The TRL side of a benchmark: ``python -m benchmarks.harness.worker_trl SPEC.json`` (TRL's own venv).
 
 TRL's ``GRPOTrainer`` runs unmodified; a subclass only times the methods the step is made of
 (generation, reward, no-grad log-prob passes, the whole pre-update stage) and a callback hands
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.model_info import param_counts
-from benchmarks.protocol import Gate
-from benchmarks.workloads import prompt_digest
+from benchmarks.harness.model_info import param_counts
+from benchmarks.harness.protocol import Gate
+from benchmarks.harness.workloads import prompt_digest
 from rlvr.allocator import describe as describe_allocator
 
 
@@ -205,7 +205,7 @@ def build_trainer(spec: dict, gate: Gate):
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m benchmarks.worker_trl SPEC.json", file=sys.stderr)
+        print("usage: python -m benchmarks.harness.worker_trl SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     gate = Gate()

@@ -1,4 +1,4 @@
-"""The rlvr side of a benchmark: ``python -m benchmarks.worker_rlvr SPEC.json`` (rlvr's venv).
+"""The rlvr side of a benchmark: ``python -m benchmarks.harness.worker_rlvr SPEC.json`` (rlvr's venv).
 
 It runs the real trainer (``Trainer(cfg).fit()``) and only wraps ``train_step`` so that the
 runner decides when each block of steps runs (see ``protocol.Gate``) and gets one record per step.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.model_info import param_counts
-from benchmarks.protocol import Gate
-from benchmarks.workloads import prompt_digest
+from benchmarks.harness.model_info import param_counts
+from benchmarks.harness.protocol import Gate
+from benchmarks.harness.workloads import prompt_digest
 from rlvr.allocator import describe as describe_allocator
 
 
@@ -28,7 +28,7 @@ class BenchStop(Exception):
 
 
 ENGINES = ("hf", "vllm")
-# the spec's precision (benchmarks.machine.bench_precision) as rlvr's model.autocast
+# the spec's precision (benchmarks.harness.machine.bench_precision) as rlvr's model.autocast
 AUTOCAST = {"bf16": "bf16", "float32": "off"}
 
 
@@ -108,7 +108,7 @@ def step_record(trainer, metrics: dict) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m benchmarks.worker_rlvr SPEC.json", file=sys.stderr)
+        print("usage: python -m benchmarks.harness.worker_rlvr SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     import torch

@@ -9,8 +9,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from benchmarks.runner import REPO
-from benchmarks.trl_env import venv_python
+from benchmarks.harness.runner import REPO
+from benchmarks.harness.trl_env import venv_python
 
 DEFAULT_VENV = REPO / ".venv-vllm"
 # Written by the Makefile's setup-vllm once `import vllm, rlvr.rollout.vllm` works in the venv.

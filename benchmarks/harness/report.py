@@ -6,8 +6,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
-from benchmarks.stats import safe_ratio
+from benchmarks.harness.seeds import over_seeds, plot_reward_vs_time, render_over_seeds
+from benchmarks.harness.stats import safe_ratio
 
 # Column order of the table (whatever the order of turns was); the rlvr sides differ only in
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks.report",
+        prog="python -m benchmarks.harness.report",
         description="Re-render benchmark results files (.md and plot) from their .json.",
     )
     p.add_argument("results", nargs="+", type=Path, help="benchmarks/results/<date>-<name>.json")
