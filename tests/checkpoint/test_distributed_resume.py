@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import torch
-from dist_support import TORCHRUN, run, run_command, steps, train_args, weights
+from tests.training.dist_support import TORCHRUN, run, run_command, steps, train_args, weights
 
 from rlvr.checkpoint.full import checkpoints_dir, latest_checkpoint
 from rlvr.checkpoint.sharded import export_full_model, is_sharded

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_train_e2e import tiny_config
+from tests.training.test_train_e2e import tiny_config
 
 from rlvr.algorithms import gae_advantages, maxent_weights
 from rlvr.training.trainer import Trainer

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from test_shared_prompt import record_positions
-from test_train_e2e import one_float32_step
+from tests.training.test_train_e2e import one_float32_step
 
 from rlvr.model.forward import build_sequence_batch
 from rlvr.model.logprobs import completion_logprobs

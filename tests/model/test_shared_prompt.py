@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_train_e2e import one_float32_step
+from tests.training.test_train_e2e import one_float32_step
 
 from rlvr.model.attention import GROUPED_EAGER
 from rlvr.model.forward import build_sequence_batch, completion_outputs, sequence_logprobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from test_train_e2e import REQUIRED, read_lines, tiny_config
+from tests.training.test_train_e2e import REQUIRED, read_lines, tiny_config
 
 from rlvr.config import load_config
 from rlvr.training.preflight.checks import config_problems

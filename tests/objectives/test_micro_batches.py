@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from test_train_e2e import one_float32_step
+from tests.training.test_train_e2e import one_float32_step
 
 from rlvr.objectives.micro_batches import length_micro_batches
 
