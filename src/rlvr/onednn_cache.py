@@ -4,10 +4,8 @@ On the CPU, PyTorch runs bf16 matmuls through oneDNN, which compiles a primitive
 combination of shapes and keeps up to ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` of them (1024 unless
 set). A training run meets many shapes: decoding steps whose batch shrinks as replies finish and
 whose key/value length grows, micro-batches of varying width. Each kept primitive holds memory,
-so the resident set grew by about 40 MB a step for the first ten steps of the ``target``
-benchmark workload and then stayed. With 256 the peak of 12 steps was 283 MB lower at an equal
-step time, the rewards identical (one seed, measured 2026-11-24; see the README's Performance
-section).
+so with oneDNN's default cache the resident set grows for the first steps of a run; a
+smaller cache lowers the peak at an equal step time (docs/performance.md).
 
 oneDNN reads the variable once, when it first compiles a primitive, so it is set before the
 model loads; a value already in the environment wins, and 0 leaves oneDNN's default.

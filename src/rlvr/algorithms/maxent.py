@@ -1,4 +1,4 @@
-"""Listwise maximum-entropy objective (MaxEnt-GRPO; README, "Objectives", and docs/DESIGN.md).
+"""Listwise maximum-entropy objective (MaxEnt-GRPO; docs/objectives.md and docs/DESIGN.md).
 
 For each prompt, K sampled candidates with rewards ``r`` and reference sequence log-probs
 ``ref`` define a target distribution over the list:

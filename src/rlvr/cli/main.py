@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "rollout-server",
         help="serve rollouts for rollout.mode=server: vLLM's OpenAI-compatible server for the "
-        "config's model, receiving weights from trainers (README, Rollout server)",
+        "config's model, receiving weights from trainers (docs/rollout.md)",
     )
     _add_config_args(p)
     p.add_argument("--port", type=int, help="port (default rollout.server_port)")

@@ -12,7 +12,7 @@
 
 Metric names are ``eval/<set>/<metric>`` where the metric carries its mode's name
 (``greedy_pass@1``; ``sampling_pass@k``, ``maj@k``, ``mean_acc@k``; ``nondet_proxy_pass@k``), so
-scores of different modes are never mixed up (README, "Evaluation"). Names are checked here, when
+scores of different modes are never mixed up (docs/evaluation.md). Names are checked here, when
 the config loads: a typo in ``best_metric`` fails with the list of metrics the config will produce.
 
 ``eval.dtype`` is the precision of every evaluation, independent of the training autocast: bf16

@@ -143,7 +143,7 @@ class RolloutConfig(Section):
         description="1: the next step's batch is generated from the policy before this step's "
         "update (overlapped with it in rollout.mode=server); pair with algo.tis_cap. 0: on-policy.",
     )
-    # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); README "Rollout server"
+    # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(
         "colocated",
         description="'colocated': the engine runs in the trainer's process; 'server': a vLLM "
@@ -208,7 +208,7 @@ class PSGRPOStepsConfig(Section):
 
 class AlgoConfig(Section):
     objective: str = Field(
-        "drgrpo", description="An objective of `rlvr.objectives.OBJECTIVES` (README, objectives)."
+        "drgrpo", description="An objective of `rlvr.objectives.OBJECTIVES` (docs/objectives.md)."
     )
     group_size: int = Field(8, description="Samples per prompt (G).")
     prompts_per_step: int = Field(

@@ -48,7 +48,7 @@ class PromptVision:
     ``inputs`` (``pixel_values``, ``image_grid_thw``; empty for a prompt without images) is what
     the hf engine and the trainer's log-prob passes feed the model, concatenated in row order;
     ``images`` (RGB PIL, in prompt order) are the images themselves, for an engine that takes raw
-    images (vLLM's ``multi_modal_data``: not wired, see README "Images next to the prompt").
+    images (vLLM's ``multi_modal_data``: not wired, see docs/vlm.md).
     """
 
     images: list

@@ -1,4 +1,4 @@
-"""Early stopping on a held-out metric (README, "Evaluation").
+"""Early stopping on a held-out metric (docs/evaluation.md).
 
 The rule: stop when the metric got worse than the *previous* eval for `patience` consecutive
 evals ("if OOD greedy_pass@1 drops for 2 consecutive evals, stop training"). An eval that is

@@ -1,9 +1,9 @@
 """The engine every evaluation generates with, at ``eval.dtype`` whatever the training autocast.
 
 `rlvr eval`, `rlvr data filter-difficulty` and the in-training evaluator (before/after, scheduled,
-``save_best``, the early-stop probe) all get their engine here. transformers in float32 and vLLM
-in float32 gave the same 100 of 100 greedy replies on SmolLM2-135M; bf16 autocast changed 54 of
-them, so the precision is fixed by ``eval.dtype`` and not by the CPU the run lands on.
+``save_best``, the early-stop probe) all get their engine here. Greedy replies in float32 agree
+between engines, while bf16 autocast changes many of them (docs/evaluation.md), so the precision
+is fixed by ``eval.dtype`` and not by the CPU the run lands on.
 """
 
 from __future__ import annotations

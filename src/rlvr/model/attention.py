@@ -76,8 +76,7 @@ EAGER_MAX_NEW_TOKENS = 256
 def choose_attention(requested: str, device_type: str, max_new_tokens: int) -> str:
     """The attention implementation to train with: ``requested`` unless it is 'auto'.
 
-    On the CPU, SDPA's backward for short sequences is slower than eager attention's (measured on
-    the default model, 16 replies of <= 64 tokens: update 5.9 s vs 6.5 s); eager's cost is a
+    On the CPU, SDPA's backward for short sequences is slower than eager attention's; eager's cost is a
     ``T x T`` score matrix per head kept for the backward, so 'auto' uses it for short replies only.
     """
     if requested != "auto":

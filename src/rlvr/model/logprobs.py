@@ -43,8 +43,8 @@ def logprobs_and_entropy(
         )
     logps, ents = [], []
     for start in range(0, logits.shape[0], chunk):
-        # log_softmax rather than x - logsumexp(x): on the CPU its forward and backward over a
-        # 49k vocabulary take about half the time (measured: 55 ms against 97 ms for 4 x 48 rows)
+        # log_softmax rather than x - logsumexp(x): one fused pass over the vocabulary forward
+        # and backward instead of two (about half the time on the CPU)
         logp_all = F.log_softmax(logits[start : start + chunk].float(), dim=-1)
         idx = labels[start : start + chunk].unsqueeze(-1)
         logps.append(torch.gather(logp_all, -1, idx).squeeze(-1))

@@ -118,7 +118,7 @@ class Objective:
 
     def micro_batches(self, indices: list[int], batch: RolloutBatch) -> list[list[int]]:
         """How the sequences ``indices`` of one minibatch are cut into forward/backward passes:
-        by default grouped by length (less padding: README, "Performance"), or by prompt where
+        by default grouped by length (less padding: docs/performance.md), or by prompt where
         running each prompt once (``algo.share_prompt``) makes that cheaper."""
         a = self.cfg.algo
         g = batch.group_size

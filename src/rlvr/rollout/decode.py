@@ -1,17 +1,16 @@
 """The hf engine's decoding loop for text prompts: sample, record the log-prob, drop finished rows.
 
-Why not ``model.generate``: on a CPU three of its costs are ours to remove (measured on
-SmolLM2-135M, 32 replies of at most 48 tokens, where they came to about 40% of decoding). It
+Why not ``model.generate``: on a CPU three of its costs are ours to remove (a large share of
+decoding time for short replies of a small model: docs/performance.md). It
 samples with ``torch.multinomial``, which draws one exponential per vocabulary entry (32 x 49k
 per step); ``sample_next`` draws one uniform per row and inverts the cumulative distribution,
 the same categorical distribution. Its cache copies every layer's keys and values into a longer
 tensor at every step; ``FilledLayer`` writes the new ones into buffers sized for the whole reply.
 And it runs every row until the longest reply ends; here rows that hit EOS or a stop string
 leave the batch with their cache rows. A group's n samples start from one prompt, so the
-prompt is prefilled once and its cache rows copied, not run n times (on the ``target``
-benchmark's 4 prompts x 8 samples the prefill was about a sixth of decoding). The sampled
-token's log-prob is taken at each step, so no ``[T, B, V]`` stack of float32 logits is kept for
-afterwards (0.3 GB for 32 replies of 48 tokens).
+prompt is prefilled once and its cache rows copied, not run n times. The sampled token's
+log-prob is taken at each step, so no ``[T, B, V]`` stack of float32 logits is kept for
+afterwards.
 
 Positions follow the attention mask exactly as ``generate`` and the trainer's
 ``build_sequence_batch`` lay them out for left padding, so the log-probs recorded here are the

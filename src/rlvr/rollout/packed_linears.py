@@ -10,13 +10,8 @@ packed at the start of each rollout and dropped at its end: about 0.2 s for Smol
 211 linears, and one more copy of their weights held while decoding (under bf16 autocast the copy
 replaces autocast's own cache of bf16 weights).
 
-Measured on an AMD EPYC, 2 threads, one process generating the ``target`` batch (4 prompts x 8
-samples of at most 48 tokens) packed and unpacked in turn, medians of six: float32 with
-oneDNN/MKL capped at AVX2 4.81 s against 6.49 s, bf16 on AVX512-BF16 2.90 s against 3.71 s; a
-forward and backward timed after each took as long either way. One whole decoding step's linears
-alone (30 layers and the 49k-token head, 32 rows): float32 0.60-0.70x the time, bf16 0.81x. The
-float32 copy raised the ``target`` benchmark's peak RSS by about 140 MB (4%) in its eight-step
-runs.
+The cost is one more copy of the weights while decoding; what it saves is measured in
+docs/performance.md.
 
 Each output element is the same dot product as ``F.linear``'s: in float32 the logits agree up
 to the rounding of the matmul's blocking, in bf16 they are autocast's (bf16 inputs and weights,

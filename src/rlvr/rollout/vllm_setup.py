@@ -134,10 +134,8 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
 # The KV-cache block size rlvr starts vLLM's CPU backend with: the smallest its attention kernel
 # takes (multiples of 32), not its default of 128. Prefix caching reuses whole blocks only, so a
 # group's n samples share their prompt's prefill only up to its last full block: with 128-token
-# blocks a prompt under 128 tokens is prefilled n times. On the ``target`` benchmark's batch (4
-# prompts of ~38 tokens x 8 samples, SmolLM2-135M, bf16, 2 cores) a generate call took 0.80 s with
-# one new token against 0.27 s with 32-token blocks, and decoding steps cost the same (README,
-# "vLLM's KV-cache blocks on the CPU"). GPUs keep vLLM's own default (16).
+# blocks a prompt under 128 tokens is prefilled n times; 32-token blocks let short prompts share
+# theirs, and decoding steps cost the same (docs/performance.md). GPUs keep vLLM's own default (16).
 CPU_KV_BLOCK = 32
 
 

@@ -22,7 +22,7 @@ from rlvr.rollout.builder import engine_for
 
 GIB = 2**30
 # Resident memory of the Python process itself (python, torch, transformers, the tokenizer,
-# rlvr) before any weights load, measured on this CPU: 391-404 MiB (README, "The memory plan").
+# rlvr) before any weights load, measured on the CPU (docs/memory-plan.md).
 CPU_BASELINE_BYTES = 420 * 2**20
 # Activation bytes kept for the backward per token and decoder layer: (per hidden unit, per MLP
 # unit, per attention score (x heads x sequence length, eager attention only)), by precision.
