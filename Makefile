@@ -64,7 +64,8 @@ demo-vllm: setup-vllm
 	$(VLLM_VENV)/bin/rlvr train
 
 # the default suite in .venv, then the vLLM tests in .venv-vllm (one shared engine, ~2 min)
-test: setup
+# lint first (style and the layers contract), then the default suite, then the vLLM tests
+test: setup lint
 	$(PY) -m pytest -q -p no:randomly
 	$(MAKE) test-vllm
 
@@ -74,9 +75,11 @@ test-slow: setup
 test-vllm: setup-vllm
 	$(VPY) -m pytest -q -p no:randomly -m vllm tests/rollout
 
+# ruff, and import-linter's layers contract (pyproject.toml, docs/DESIGN.md "Layers")
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # Side-by-side benchmark against TRL (TRL goes into benchmarks/.venv-trl, never into .venv).
 # make bench WORKLOAD=default STEPS=10 [SEEDS=0,1]; workloads: quick, default, long, target

@@ -158,3 +158,20 @@ def test_overrides_may_come_before_between_and_after_options(capsys) -> None:
         with pytest.raises(SystemExit):
             parse_args_any_order(build_parser(), bad)
         assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command", [["--help"], ["train", "--help"], ["eval", "--help"], ["data", "--help"]]
+)
+def test_help_loads_neither_torch_nor_transformers(command: list[str]) -> None:
+    """`rlvr ... --help` answers at once: a fresh interpreter that prints a help page has not
+    imported torch or transformers (the data readers load the image code, and torch with it,
+    only for rows with images)."""
+    code = (
+        "import sys\n"
+        "from rlvr.cli.main import main\n"
+        f"try:\n    main({command!r})\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]

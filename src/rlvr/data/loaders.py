@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rlvr.data.hub import ANSWER_EXTRACT, extract_reference, parse_source, read_dataset_records
-from rlvr.data.multimodal import resolve_image_paths
 from rlvr.data.records import KNOWN_FORMATS, BadRecord, BadRow, DataError, LoadReport, Record
 
 logger = logging.getLogger(__name__)
@@ -117,6 +116,9 @@ def load_rows_with_report(
             )
             if row["answer"]:
                 row["answer"] = extract_reference(row["answer"], answer_extract, answer_field)
+            # imported here: multimodal loads torch, which `rlvr --help` and `rlvr data` never need
+            from rlvr.data.multimodal import resolve_image_paths
+
             # relative image paths name files beside the data file; a missing one is a bad row
             missing = resolve_image_paths(row, Path(path).parent) if src.kind == "file" else []
             if missing:
