@@ -11,6 +11,7 @@ in `validate`. Unknown keys are an error that names the key and suggests the clo
 """
 
 from rlvr.config.base import ConfigError, Section
+from rlvr.config.env import BUILTIN_ENVS, EnvConfig
 from rlvr.config.loading import (
     ALIASES,
     apply_overrides,
@@ -35,6 +36,8 @@ from rlvr.config.sections import (
 
 __all__ = [
     "ALIASES",
+    "BUILTIN_ENVS",
+    "EnvConfig",
     "TEMPLATES",
     "AlgoConfig",
     "Config",

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from rlvr.config import validate
 from rlvr.config.base import ConfigError, Section
+from rlvr.config.env import EnvConfig
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
 from rlvr.config.lora import LoraConfig
@@ -166,6 +167,14 @@ class RolloutConfig(Section):
     sync_port: int = Field(0, ge=0, le=65535, description="Weight-sync group port; 0: a free one.")
     server_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for the server to start, and for one weight sync."
+    )
+    # multi-turn episodes (env.name set; docs/environments.md)
+    max_turns: int = Field(4, ge=1, description="Most model turns of one episode (env.name set).")
+    max_episode_tokens: int = Field(
+        256,
+        gt=0,
+        description="Most tokens after the prompt in one episode, model and environment turns "
+        "together (env.name set); each model turn also stops at rollout.max_new_tokens.",
     )
 
 
@@ -341,8 +350,16 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     # ------------------------------------------------------------------ derived values
+    def completion_tokens(self) -> int:
+        """Most tokens after the prompt in one sequence: a reply (rollout.max_new_tokens) or,
+        with env.name set, a whole episode (rollout.max_episode_tokens)."""
+        if self.env.name:
+            return self.rollout.max_episode_tokens
+        return self.rollout.max_new_tokens
+
     def rollout_batch_sequences(self) -> int:
         return self.algo.prompts_per_step * self.algo.group_size
 
@@ -363,10 +380,11 @@ class Config(Section):
         """Checks that need the model's config.json (read without loading weights)."""
         if context_length is None:
             return []
-        need = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        need = self.data.max_prompt_tokens + self.completion_tokens()
         if need > context_length:
+            knob = "rollout.max_episode_tokens" if self.env.name else "rollout.max_new_tokens"
             return [
-                f"data.max_prompt_tokens + rollout.max_new_tokens = {need} exceeds the model context "
+                f"data.max_prompt_tokens + {knob} = {need} exceeds the model context "
                 f"({context_length} tokens)"
             ]
         return []

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlvr.config.env import env_problems
+
 if TYPE_CHECKING:
     from rlvr.config.sections import Config
 
@@ -51,6 +53,7 @@ def problems(cfg: Config) -> list[str]:
         )
     if cfg.data.task not in TASKS:
         out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
+    out.extend(env_problems(cfg))
     b1, b2 = cfg.train.adam_betas
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
         out.append(f"train.adam_betas={list(cfg.train.adam_betas)}: each beta must be in [0, 1)")

@@ -66,6 +66,8 @@ class Objective:
     default_loss_agg: ClassVar[str] = "seq_mean_token_sum_norm"
     # Whether policy_term weights tokens by batch.tok["tis_weights"] (algo.tis_cap).
     supports_tis: ClassVar[bool] = True
+    # False: its preparation reads a reply's text or steps, not a multi-turn episode (env.name)
+    supports_episodes: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, tokenizer=None) -> None:
         self.cfg = cfg
@@ -145,7 +147,7 @@ class Objective:
         """Loss of one micro-batch, already divided by the minibatch's global denominators:
         the policy term, plus the KL penalty (``algo.kl_mode=loss``) and the entropy bonus."""
         a = self.cfg.algo
-        max_len = self.cfg.rollout.max_new_tokens
+        max_len = self.cfg.completion_tokens()  # an episode: rollout.max_episode_tokens
         denom = counts.for_mode(self.agg_mode)
         loss, stats = self.policy_term(mb, counts)
         stats["policy_loss"] = float(loss.detach())
@@ -174,7 +176,7 @@ class Objective:
             dual_clip=a.dual_clip,
             log_ratio_clamp=a.log_ratio_clamp,
             agg_mode=self.agg_mode,
-            max_len=self.cfg.rollout.max_new_tokens,
+            max_len=self.cfg.completion_tokens(),
             denominator=counts.for_mode(self.agg_mode),
             is_weights=mb.tok.get("tis_weights"),
         )

@@ -90,10 +90,34 @@ class RolloutBatch:
     def size(self) -> int:
         return len(self.prompt_ids) * self.group_size
 
+    @property
+    def loss_masks(self) -> list[torch.Tensor]:
+        """Per sequence ``[len_i]``: 1 at the model's tokens, 0 at an episode's environment
+        tokens (rlvr.rollout.episodes); all ones for single-turn replies."""
+        return [
+            torch.ones(len(c.token_ids))
+            if c.loss_mask is None
+            else torch.tensor(c.loss_mask, dtype=torch.float32)
+            for c in self.completions
+        ]
+
     def token_mask(self) -> torch.Tensor:
-        """``[N, T]`` 1 on every completion token (T the longest completion, at least 1)."""
+        """``[N, T]`` 1 on every model token of the completions (T the longest, at least 1)."""
         ids = self.comp_ids
-        return pad_rows([torch.ones(len(c)) for c in ids], max(1, max(map(len, ids))))
+        return pad_rows(self.loss_masks, max(1, max(map(len, ids))))
+
+    def loss_mask_rows(self, indices: list[int], width: int) -> torch.Tensor | None:
+        """``[len(indices), width]`` loss masks of rows ``indices``, or None when they hold
+        only model tokens (single-turn replies: the completion mask alone)."""
+        comps = self.completions
+        if all(comps[i].loss_mask is None for i in indices):
+            return None
+        masks = self.loss_masks
+        return pad_rows([masks[i] for i in indices], width)
+
+    def model_tokens(self, i: int) -> int:
+        """Sequence ``i``'s model tokens (what the losses count)."""
+        return self.completions[i].model_token_count
 
 
 @dataclass

@@ -72,8 +72,8 @@ class PPO(Objective):
         rewards = torch.zeros_like(mask)
         flat = batch.scores.reshape(-1)
         for i, c in enumerate(comp_ids):
-            if c and valid[i]:
-                rewards[i, len(c) - 1] = flat[i]
+            if c and valid[i]:  # on the last model token (an episode's may precede env tokens)
+                rewards[i, int(mask[i].nonzero().max())] = flat[i]
         values = pad_rows(batch.values, mask.shape[1])
         p = self.cfg.algo.ppo
         adv, returns = gae_advantages(rewards, values, mask, p.gamma, p.lam)

@@ -18,6 +18,8 @@ from rlvr.rewards.registry import build_prm
 
 @register("psgrpo_steps")
 class PSGRPOSteps(Objective):
+    supports_episodes = False  # the PRM scores one reply's steps (prm_dense inherits it)
+
     @classmethod
     def check(cls, cfg) -> list[str]:
         if not cfg.algo.psgrpo.prm:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -26,12 +26,32 @@ class SamplingParams:
 
 
 @dataclass
-class Completion:
-    """One sampled completion of one prompt.
+class EpisodeInfo:
+    """What a multi-turn episode did (rlvr.rollout.episodes), beside its tokens."""
 
-    token_ids: generated tokens, including a final EOS when the model stopped by itself.
-    logprobs: the sampler's log-prob of each token (temperature-scaled distribution), same length.
-    finish_reason: "stop" (EOS or stop string) or "length" (hit max_new_tokens).
+    turns: int = 0  # model turns
+    tool_calls: int = 0
+    tool_failures: int = 0
+    env_reward: float | None = None  # the sum of the environment's rewards; None: it gave none
+    gives_reward: bool | None = None  # the environment's gives_reward (rlvr.envs.base)
+    failed: str = ""  # why the environment failed (raised, hung, flooded); "": it did not
+    model_tokens: int = 0
+    env_tokens: int = 0
+    final_text: str = ""  # the last model turn, what the reward specs grade
+    transcript: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "env", text)
+
+
+@dataclass
+class Completion:
+    """One sampled completion of one prompt, or one episode after it.
+
+    token_ids: generated tokens, including a final EOS when the model stopped by itself; for an
+    episode, every turn's tokens after the prompt (the model's as sampled, the environment's).
+    logprobs: the sampler's log-prob of each token (temperature-scaled distribution), same length
+    (0.0 at environment tokens).
+    finish_reason: "stop" (EOS or stop string; an episode: the environment said done), "length"
+    (hit max_new_tokens or rollout.max_episode_tokens) or "turns" (rollout.max_turns).
+    loss_mask: 1 at the model's tokens, 0 at the environment's; None: every token is the model's.
     """
 
     prompt_index: int
@@ -41,10 +61,21 @@ class Completion:
     finish_reason: str
     # The trainer's policy version of the weights that sampled it (the step stamps it at generation)
     policy_version: int | None = None
+    loss_mask: list[int] | None = None
+    episode: EpisodeInfo | None = None
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def response(self) -> str:
+        """The text the reward specs grade: the reply, or an episode's last model turn."""
+        return self.episode.final_text if self.episode is not None else self.text
+
+    @property
+    def model_token_count(self) -> int:
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 class RolloutEngine(Protocol):

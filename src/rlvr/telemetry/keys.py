@@ -85,6 +85,18 @@ PHASE_TIMING_KEYS = (
 # params_trainable / params_total: parameter elements after model.freeze and LoRA (every step).
 STEP_KEYS = ("step", "epoch", "lr", "policy_version", "params_trainable", "params_total")
 
+# Multi-turn episodes only (env.name; rlvr.training.step_metrics.episode_metrics): kept out of
+# METRIC_KEYS, whose missing keys the report lists for every run.
+EPISODE_KEYS = (
+    "turns_mean",
+    "tool_calls_mean",
+    "tool_failure_rate",
+    "env_failure_rate",
+    "episode_model_tokens_mean",
+    "episode_env_tokens_mean",
+    "turns_limit_rate",
+)
+
 METRIC_KEYS: tuple[str, ...] = STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS
 
 # Eval scores are logged as ``eval/<set_name>/<mode>``, e.g. ``eval/heldout/greedy_pass@1``.

@@ -193,6 +193,13 @@ def _samples_section(runs: Sequence[RunData]) -> str:
                 for key, value in record.items():
                     if isinstance(value, str):
                         shown = f"<pre>{_e(_clip(value))}</pre>"
+                    elif key == "turns" and isinstance(value, list):  # an episode, turn by turn
+                        shown = "".join(
+                            f"<p><b>{_e(str(t.get('role')))}</b></p>"
+                            f"<pre>{_e(_clip(str(t.get('text', ''))))}</pre>"
+                            for t in value
+                            if isinstance(t, dict)
+                        )
                     else:
                         shown = _show(value)
                     cells.append(f"<tr><th>{_e(key)}</th><td>{shown}</td></tr>")

@@ -164,10 +164,25 @@ def sample_records(batch: RolloutBatch) -> list[dict]:
                     "info": rewards.infos[k],
                     "finish_reason": c.finish_reason,
                     "tokens": len(c.token_ids),
+                    **_episode_record(c.episode),
                 }
             )
             k += 1
     return out
+
+
+def _episode_record(ep) -> dict:
+    """An episode's turns one by one (model / environment), its token split and any failure."""
+    if ep is None:
+        return {}
+    return {
+        "turns": [{"role": role, "text": text} for role, text in ep.transcript],
+        "model_tokens": ep.model_tokens,
+        "env_tokens": ep.env_tokens,
+        "tool_calls": ep.tool_calls,
+        "env_reward": ep.env_reward,
+        "env_failed": ep.failed,
+    }
 
 
 def fmt_eval(scores: dict) -> str:

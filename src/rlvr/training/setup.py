@@ -40,6 +40,7 @@ from rlvr.model.vlm import load_policy_model
 from rlvr.objectives import Objective, build_objective
 from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.builder import build_engine
+from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.batching import PromptSampler
 from rlvr.training.preflight.checks import check_config, distributed_problems
 from rlvr.training.preflight.memory_plan import memory_preflight
@@ -73,6 +74,7 @@ class Run:
     ref_model: torch.nn.Module | None = None
     resume_from: Path | None = None  # checkpoint folder the loop restores before step 1
     processor: object | None = None  # a vision-language model's processor (renders image rows)
+    episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (rlvr.rollout.episodes)
     # params_trainable / params_total (elements) after model.freeze and LoRA; in every step's metrics
     param_counts: dict[str, int] = field(default_factory=dict)
 
@@ -294,6 +296,7 @@ def setup_run(
         ref_model=ref_model,
         processor=processor,
         param_counts=param_counts,
+        episodes=EpisodeRunner.from_config(cfg, tokenizer),
     )
     a = cfg.algo
     state = TrainState(

@@ -23,6 +23,7 @@ from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.episodes import check_env_failures, episode_scores
 from rlvr.training.dynamic_sampling import assemble, informative_groups
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
 from rlvr.training.setup import Run
@@ -114,7 +115,7 @@ class Step:
         times["time_logprobs"] -= times["time_reference"]
         metrics.update(times)
         metrics["time_step"] = time.perf_counter() - t_step
-        gen_tokens = sum(len(c) for c in batch.comp_ids) * self.run.dist.world_size
+        gen_tokens = sum(c.model_token_count for c in batch.completions) * self.run.dist.world_size
         # with dynamic sampling every round's replies were generated, not only the kept ones
         generated = metrics.pop("ds_gen_tokens", gen_tokens)
         metrics["gen_tokens_per_s"] = generated / max(times["time_rollout"], 1e-9)
@@ -153,8 +154,11 @@ class Step:
         lo = self.run.dist.rank * per
         rows = [self.run.train_rows[i] for i in global_idx[lo : lo + per]]
         d = cfg.data  # every row's prompt length was checked before the first step
-        texts, ids, vision = render_inputs(
-            rows, d.template, self.run.tokenizer, d.system_prompt, self.run.processor
+        episodes = self.run.episodes  # env.name: prompts come from the environments' reset()
+        texts, ids, vision = (
+            render_inputs(rows, d.template, self.run.tokenizer, d.system_prompt, self.run.processor)
+            if episodes is None
+            else ([], [], None)
         )
         sync_engine(
             self.run.engine, self.state, self.run.named_weights, every=cfg.rollout.sync_every
@@ -176,6 +180,10 @@ class Step:
         images = {} if vision is None else {"vision": vision}  # text engines take no images
 
         def run() -> RolloutBatch:
+            if episodes is not None:
+                ep_texts, ep_ids, groups = episodes.run(engine, rows, params)
+                stamp_version(groups, version)
+                return RolloutBatch(rows, ep_texts, ep_ids, groups, g)
             groups = engine.generate(ids, params, **images)
             stamp_version(groups, version)
             return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
@@ -187,18 +195,21 @@ class Step:
         flat_rows = [r for r in batch.rows for _ in range(g)]
         rewards = self.run.rewards.score_batch(
             batch.seq_prompt_texts,
-            [c.text for c in comps],
+            [c.response for c in comps],  # an episode's last model turn
             [r["answer"] for r in flat_rows],
             flat_rows,
             [c.truncated for c in comps],
         )
-        scores = torch.tensor(rewards.scores, dtype=torch.float32).view(-1, g)
-        valid = torch.tensor(rewards.valid, dtype=torch.bool).view(-1, g)
+        flat_scores, flat_valid = episode_scores(comps, rewards.scores, rewards.valid)
+        scores = torch.tensor(flat_scores, dtype=torch.float32).view(-1, g)
+        valid = torch.tensor(flat_valid, dtype=torch.bool).view(-1, g)
         batch.rewards = rewards
         batch.valid = valid
         batch.scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
         shaping = self._overlong(batch)
-        return {**self._global_rollout_metrics(batch), **shaping}
+        metrics = self._global_rollout_metrics(batch)
+        check_env_failures(metrics, comps, self.cfg.env.max_failure_fraction)
+        return {**metrics, **shaping}
 
     def _overlong(self, batch: RolloutBatch) -> dict[str, float]:
         """DAPO's soft overlong punishment (arXiv 2503.14476) added to the valid sequences'
@@ -348,9 +359,10 @@ def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
     """``[P, G]``: each sequence's summed per-token KL estimate ``kind`` of the sampling policy
     against the reference (the penalty ``algo.kl_mode=reward`` subtracts, times the coefficient)."""
     out = torch.zeros(batch.size)
+    masks = batch.loss_masks  # an episode's environment tokens carry no KL
     for i, (lp, ref) in enumerate(zip(batch.old_logp, batch.ref_logp, strict=True)):
         if len(lp):
-            out[i] = kl_estimate(lp.float(), ref.float(), kind).sum()
+            out[i] = (kl_estimate(lp.float(), ref.float(), kind) * masks[i]).sum()
     return out.view(-1, batch.group_size)
 
 
@@ -365,11 +377,12 @@ def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
         hit.append(torch.exp(lp.float() - eng) > cap)
     batch.tok["tis_weights"] = weights
     valid = batch.valid.reshape(-1).tolist()
-    keep = [i for i, ok in enumerate(valid) if ok and len(weights[i])]
+    model = [m.bool() for m in batch.loss_masks]  # statistics over the model's tokens only
+    keep = [i for i, ok in enumerate(valid) if ok and bool(model[i].any())]
     if not keep:
         return {}
-    w = torch.cat([weights[i] for i in keep])
-    h = torch.cat([hit[i] for i in keep])
+    w = torch.cat([weights[i][model[i]] for i in keep])
+    h = torch.cat([hit[i][model[i]] for i in keep])
     return {
         "tis_weight_mean": float(w.mean()),
         "tis_weight_min": float(w.min()),

@@ -69,7 +69,8 @@ def rollout_metrics(
     else:
         m.update(reward_mean=0.0, reward_std=0.0, reward_min=0.0, reward_max=0.0, reward_p90=0.0)
     m.update(rewards.metrics())
-    lengths = np.array([len(c.token_ids) for c in comps], dtype=float)
+    # the model's tokens (an episode's environment tokens are not its reply length)
+    lengths = np.array([c.model_token_count for c in comps], dtype=float)
     m.update(
         response_len_mean=float(lengths.mean()),
         response_len_max=float(lengths.max()),
@@ -78,6 +79,7 @@ def rollout_metrics(
         response_len_p90=_pct(lengths, 90),
         truncation_rate=float(np.mean([c.truncated for c in comps])),
     )
+    m.update(episode_metrics(comps))
     # A group whose valid rewards are all equal carries no GRPO signal.
     spread = []
     for row, ok in zip(scores, valid, strict=True):
@@ -95,6 +97,25 @@ def rollout_metrics(
         ]
         m["high_reward_wrong_rate"] = float(np.mean(hi_wrong)) if hi_wrong else 0.0
     return m
+
+
+def episode_metrics(comps: list[Completion]) -> dict[str, float]:
+    """Multi-turn episodes (env.name): model turns, tool calls, the share of tool calls that
+    failed, the share of episodes whose environment failed, and their tokens split between the
+    model and the environment; {} for single-turn replies."""
+    eps = [c.episode for c in comps if c.episode is not None]
+    if not eps:
+        return {}
+    calls = sum(e.tool_calls for e in eps)
+    return {
+        "turns_mean": float(np.mean([e.turns for e in eps])),
+        "tool_calls_mean": calls / len(eps),
+        "tool_failure_rate": sum(e.tool_failures for e in eps) / calls if calls else 0.0,
+        "env_failure_rate": float(np.mean([bool(e.failed) for e in eps])),
+        "episode_model_tokens_mean": float(np.mean([e.model_tokens for e in eps])),
+        "episode_env_tokens_mean": float(np.mean([e.env_tokens for e in eps])),
+        "turns_limit_rate": float(np.mean([c.finish_reason == "turns" for c in comps])),
+    }
 
 
 def summarize_update_stats(

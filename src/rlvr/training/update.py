@@ -47,7 +47,7 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
             mb_valid = [i for i in mb if valid[i]]
             local = [
                 len(mb_valid),
-                sum(len(comp_ids[i]) for i in mb_valid),
+                sum(batch.model_tokens(i) for i in mb_valid),
                 objective.active_groups(batch, mb),
             ]
             seqs, toks, act = all_reduce_sum(local, run.dist)  # denominators span every rank
@@ -71,6 +71,9 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
                     diffs += engine_diffs(logp.detach(), idx, comp_ids, comps)
                 mask = sb.completion_mask * valid[idx].float().unsqueeze(1)
                 width = mask.shape[1]
+                env_mask = batch.loss_mask_rows(idx, width)  # an episode's environment tokens: 0
+                if env_mask is not None:
+                    mask = mask * env_mask
                 old = pad_rows([batch.old_logp[i] for i in idx], width) if use_old else None
                 advantages, seq, tok = gather_micro_batch(batch, idx, width)
                 micro = MicroBatch(
@@ -125,11 +128,16 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
 
 
 def engine_diffs(trainer_logp: torch.Tensor, idx: list[int], comp_ids, comps) -> list[torch.Tensor]:
-    """Per-sequence trainer-minus-engine log-prob differences of the sampled tokens."""
+    """Per-sequence trainer-minus-engine log-prob differences of the sampled tokens (an
+    episode's model tokens only: the environment's were not sampled)."""
     out = []
     for row, i in enumerate(idx):
         length = len(comp_ids[i])
         if length:
             engine = torch.tensor(comps[i].logprobs[:length])
-            out.append(trainer_logp[row, :length].float() - engine)
+            diff = trainer_logp[row, :length].float() - engine
+            if comps[i].loss_mask is not None:
+                diff = diff[torch.tensor(comps[i].loss_mask[:length], dtype=torch.bool)]
+            if len(diff):
+                out.append(diff)
     return out

@@ -9,9 +9,10 @@ from __future__ import annotations
 import difflib
 
 from rlvr.algorithms import AGG_MODES
-from rlvr.config import Config, ConfigError
+from rlvr.config import BUILTIN_ENVS, Config, ConfigError
 from rlvr.data.hub import missing_local
 from rlvr.distributed import DistInfo
+from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import engine_for
@@ -37,6 +38,7 @@ def config_problems(cfg: Config) -> list[str]:
                 f"algo.tis_cap is not supported by algo.objective={a.objective} (it has no "
                 "per-token policy-gradient term to weight); leave algo.tis_cap null"
             )
+    out.extend(_env_problems(cfg, objective))
     for key, p in (
         ("data.train_path", cfg.data.train_path),
         ("data.eval_path", cfg.data.eval_path),
@@ -56,6 +58,24 @@ def config_problems(cfg: Config) -> list[str]:
             validate_reward_spec(spec)
         except ValueError as exc:
             out.append(f"reward.specs[{i}]: {exc}")
+    return out
+
+
+def _env_problems(cfg: Config, objective) -> list[str]:
+    """env.name: the class must import, and the objective must take episodes."""
+    if not cfg.env.name:
+        return []
+    out = []
+    if objective is not None and not objective.supports_episodes:
+        out.append(
+            f"algo.objective={cfg.algo.objective} with env.name: not supported yet (its step "
+            "scores read one reply's text, an episode has several turns)"
+        )
+    if cfg.env.name in BUILTIN_ENVS or ":" in cfg.env.name:
+        try:
+            env_class(cfg.env.name)
+        except ValueError as exc:
+            out.append(str(exc))
     return out
 
 
@@ -87,4 +107,10 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     if cfg.rollout.mode == "server":
         out.append("rollout.mode=server runs with one trainer process for now")
+    if cfg.env.name and cfg.train.parallel == "fsdp2":
+        out.append(
+            "env.name with train.parallel=fsdp2 under several processes: not supported yet "
+            "(FSDP2 ranks decode in lockstep, and episodes end after different turns on each "
+            "rank); use train.parallel=ddp"
+        )
     return out

@@ -1,0 +1,91 @@
+"""The `env` section: multi-turn episodes over an environment (docs/environments.md).
+
+``env.name`` unset (the default) keeps rlvr single-turn: one reply per prompt, scored by the
+reward specs. Set, every prompt row starts one episode per sample: the model's turn, the
+environment's turn, ... until the environment says done, ``rollout.max_turns`` or
+``rollout.max_episode_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from rlvr.config.base import Section
+
+# Built-in environments by short name (rlvr.envs.registry maps them to their classes).
+BUILTIN_ENVS = ("calculator", "python", "guess_number")
+
+
+class EnvConfig(Section):
+    name: str | None = Field(
+        None,
+        description="Environment of multi-turn episodes: a built-in (calculator, python, "
+        "guess_number) or a user class 'package.module:Class'; null: single-turn replies.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment's constructor."
+    )
+    timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest reset() or step() call; past it the episode is marked failed "
+        "(zero advantage) and the batch goes on without it.",
+    )
+    max_failure_fraction: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="The run stops when more than this share of a step's episodes fail "
+        "(an environment that raised, hung or returned an observation over "
+        "env.max_observation_chars).",
+    )
+    max_observation_chars: int = Field(
+        4000,
+        gt=0,
+        description="An observation longer than this marks its episode failed (a tool that "
+        "floods the context).",
+    )
+
+
+def env_problems(cfg) -> list[str]:
+    """What multi-turn episodes cannot run with (yet), each naming the knob (``cfg``: the run
+    Config; the objective's own support is checked in rlvr.training.preflight.checks)."""
+    e = cfg.env
+    if not e.name:
+        return []
+    out = []
+    if e.name not in BUILTIN_ENVS and ":" not in e.name:
+        out.append(
+            f"env.name={e.name!r}: not a built-in ({', '.join(BUILTIN_ENVS)}) nor a user class "
+            "'package.module:Class'"
+        )
+    why = "episodes run on the hf engine only for now (one generate call per turn)"
+    if cfg.rollout.engine == "vllm":
+        out.append(f"rollout.engine=vllm with env.name: not supported yet; {why}")
+    if cfg.rollout.mode == "server":
+        out.append(f"rollout.mode=server with env.name: not supported yet; {why}")
+    if cfg.rollout.max_staleness:
+        out.append(
+            "rollout.max_staleness=1 with env.name: not supported yet (episodes are generated "
+            "in the step); use rollout.max_staleness=0"
+        )
+    if cfg.reward.overlong_buffer:
+        out.append(
+            "reward.overlong_buffer with env.name: not supported yet (the penalty measures one "
+            "reply against rollout.max_new_tokens, an episode has several); set it to 0"
+        )
+    if cfg.data.template == "r1":
+        out.append(
+            "data.template=r1 with env.name: r1 is a single-turn format; use chat, qwen_math or "
+            "none (docs/environments.md)"
+        )
+    if cfg.data.task == "shapes":
+        out.append("data.task=shapes with env.name: episodes take text prompts only for now")
+    if cfg.rollout.max_episode_tokens < cfg.rollout.max_new_tokens:
+        out.append(
+            f"rollout.max_episode_tokens={cfg.rollout.max_episode_tokens} must be >= "
+            f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} (a model turn fits in an episode)"
+        )
+    return out

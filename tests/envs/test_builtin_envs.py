@@ -1,0 +1,135 @@
+"""The built-in environments: the calculator (parsed, never evaluated as Python), the Python tool
+in the sandbox's workers (no network, no writes outside its directory, limits, truncation), and
+guess-the-number; env.name resolution and the config refusals."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.envs import env_class, env_factory
+from rlvr.envs.calculator import CalculatorEnv, calculate
+from rlvr.envs.guess import GuessNumberEnv
+from rlvr.envs.python_tool import PythonToolEnv, run_python
+
+
+def test_calculator_parses_and_never_evaluates():
+    assert calculate("12*(3+4)") == "84"
+    assert calculate("7/2") == "7/2"
+    assert calculate("1/0").startswith("error")
+    assert calculate("__import__('os').system('true')").startswith("error")
+    env = CalculatorEnv()
+    assert "<calc>" in env.reset({"prompt": "What is 123*45?"})
+    assert env.step("Let me compute <calc>123*45</calc>") == ("<result>5535</result>", None, False)
+    assert env.step("<calc>2**8</calc>")[0].startswith("<result>error")
+    assert env.step("The answer is 5535.") == (None, None, True)
+    assert (env.tool_calls, env.tool_failures) == (2, 1)
+
+
+def test_guess_number_gives_its_own_reward():
+    env = GuessNumberEnv(low=1, high=20)
+    env.reset({"prompt": "p", "answer": "13"})
+    assert env.step("I guess 7") == ("Higher.", None, False)
+    assert env.step("then 15") == ("Lower.", None, False)
+    assert env.step("no idea") == ("Say one number.", None, False)
+    assert env.step("13") == (None, 1.0, True)
+    other = GuessNumberEnv()
+    other.reset({"prompt": "same row"})
+    again = GuessNumberEnv()
+    again.reset({"prompt": "same row"})
+    assert other.secret == again.secret  # a row's group shares its secret (and its prompt)
+
+
+def test_python_tool_runs_code_and_returns_its_output():
+    out = run_python("print(sum(range(10)))", 5.0, 512, 1000)
+    assert out == {"ok": True, "output": "45\n", "timed_out": False}
+    env = PythonToolEnv()
+    assert env.step("<python>print(6*7)</python>") == ("<output>42</output>", None, False)
+    assert env.step("The answer is 42") == (None, None, True)
+
+
+def test_python_tool_refuses_network():
+    code = "import socket\nsocket.create_connection(('127.0.0.1', 9))"
+    out = run_python(code, 5.0, 512, 1000)
+    assert not out["ok"]
+    assert "PermissionError: the Python tool does not allow socket." in out["output"]
+    out = run_python(
+        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')", 5.0, 512, 2000
+    )
+    assert not out["ok"] and "does not allow socket." in out["output"]
+
+
+def test_python_tool_refuses_writes_outside_its_directory(tmp_path):
+    target = tmp_path / "outside.txt"
+    for code in (
+        f"open({str(target)!r}, 'w').write('x')",
+        f"import os\nos.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
+        f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
+        f"import os\nos.mkdir({str(tmp_path / 'd')!r})",
+        "import subprocess\nsubprocess.run(['touch', '/tmp/rlvr-pytool-escape'])",
+        "import ctypes",
+    ):
+        out = run_python(code, 5.0, 512, 2000)
+        assert not out["ok"], code
+        assert "PermissionError" in out["output"], (code, out)
+    assert not target.exists() and not (tmp_path / "d").exists()
+    assert not os.path.exists("/tmp/rlvr-pytool-escape")
+    inside = run_python(
+        "open('mine.txt', 'w').write('hi')\nprint(open('mine.txt').read())", 5.0, 512, 100
+    )
+    assert inside == {"ok": True, "output": "hi\n", "timed_out": False}
+
+
+def test_python_tool_limits_time_memory_and_output():
+    t = time.monotonic()
+    out = run_python("while True:\n    pass", 1.0, 512, 100)
+    assert out["timed_out"] and "[timed out after 1.0 s]" in out["output"]
+    assert time.monotonic() - t < 8
+    out = run_python("x = bytearray(1024 ** 3)", 5.0, 256, 1000)
+    assert not out["ok"] and "MemoryError" in out["output"]
+    out = run_python("print('y' * 500)", 5.0, 512, 50)
+    assert out["output"] == "y" * 50 + "\n[output truncated]"
+
+
+def test_env_name_resolution():
+    assert env_class("calculator") is CalculatorEnv
+    assert env_class("guess_number") is GuessNumberEnv
+    assert env_class("user_envs:CountDown").__name__ == "CountDown"
+    with pytest.raises(ValueError, match="env.name='nope:Missing'"):
+        env_class("nope:Missing")
+    with pytest.raises(ValueError, match="env.kwargs for env.name='guess_number'"):
+        env_factory("guess_number", {"bogus": 1})
+    make = env_factory("guess_number", {"high": 5})
+    assert make() is not make() and make().high == 5  # a fresh instance per episode
+
+
+def test_config_refuses_what_episodes_do_not_support_yet():
+    from rlvr.training.preflight.checks import config_problems
+
+    cfg = load_config(
+        None,
+        [
+            "env.name=calculator",
+            "rollout.engine=vllm",
+            "rollout.max_staleness=1",
+            "data.template=r1",
+            "reward.overlong_buffer=4",
+            "algo.objective=psgrpo_steps",
+            "algo.psgrpo.prm=toy_rewards:count_sevens",
+        ],
+    )
+    text = "\n".join(config_problems(cfg))
+    for knob in (
+        "rollout.engine=vllm with env.name: not supported yet",
+        "rollout.max_staleness=1 with env.name",
+        "data.template=r1 with env.name",
+        "reward.overlong_buffer with env.name",
+        "algo.objective=psgrpo_steps with env.name: not supported yet",
+    ):
+        assert knob in text
+    assert config_problems(load_config(None, ["env.name=calculator"])) == []
+    bad = load_config(None, ["env.name=user_envs:NoSuchClass"])
+    assert "env.name='user_envs:NoSuchClass'" in "\n".join(config_problems(bad))

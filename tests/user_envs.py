@@ -1,0 +1,29 @@
+"""User environment classes for the episode tests (named ``user_envs:Class`` on the command
+line; tests/ is on every test process's PYTHONPATH)."""
+
+from __future__ import annotations
+
+import re
+
+
+class CountDown:
+    """Answers each model turn with the number one lower until 0; the reward is 1 when a model
+    turn held the digit 7 (something a tiny model hits). A digit ends a model turn."""
+
+    stop = tuple("0123456789")
+    gives_reward = True
+
+    def __init__(self, start: int = 3) -> None:
+        self.left = start
+        self.reward = 0.0
+
+    def reset(self, row: dict) -> str:
+        return f"Count: {row['prompt']}"
+
+    def step(self, model_text: str):
+        if "7" in model_text:
+            self.reward = 1.0
+        self.left -= 1
+        if self.left <= 0 or re.search(r"\bstop\b", model_text):
+            return None, self.reward, True
+        return str(self.left), None, False
