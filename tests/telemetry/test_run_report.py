@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 
 from rlvr.telemetry import write_report
-from rlvr.telemetry.plots import plot_grad_norm
+from rlvr.telemetry.plots import plot_grad_norm, plot_memory
 from rlvr.telemetry.report_data import ABSENT, config_diff, flatten_config, load_run, rolling_mean
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -173,6 +173,24 @@ def test_grad_norm_plot_draws_the_clip_threshold(tmp_path: Path) -> None:
     assert list(lines[0].get_ydata()) == [2.0, 3.0, 4.0, 5.0]
     # the threshold: a horizontal line at train.max_grad_norm = 1.0
     assert list(lines[1].get_ydata()) == [1.0, 1.0]
+
+
+def test_memory_plot_overlays_runs_with_each_plan_as_a_line(tmp_path: Path) -> None:
+    for name, plan in (("a", 1.5), ("b", 2.25)):
+        lines = [{"step": s, "mem_rss_gib": s, "mem_rss_peak_gib": s + 0.25} for s in (1, 2, 3)]
+        lines[0]["mem_plan_gib"] = plan  # the first line carries the plan
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    runs = [load_run(tmp_path / n, n) for n in ("a", "b")]
+    ax = plot_memory(runs).axes[0]
+    drawn = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    # each run's peak and current RSS per step, and its plan as a horizontal line
+    assert drawn["a: mem_rss_peak_gib"] == drawn["b: mem_rss_peak_gib"] == [1.25, 2.25, 3.25]
+    assert drawn["a: mem_rss_gib"] == [1.0, 2.0, 3.0]
+    assert drawn["a: memory plan 1.50 GiB"] == [1.5, 1.5]
+    assert drawn["b: memory plan 2.25 GiB"] == [2.25, 2.25]
+    html_path = write_report([tmp_path / "a", tmp_path / "b"], tmp_path / "out")
+    assert "memory" in {Path(src).stem for src in _parse(html_path).images}
 
 
 def test_one_step_run_and_missing_metrics_do_not_crash(tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     print(format_preflight(res))
     from rlvr.training.preflight.memory_plan import memory_preflight
 
-    problems += memory_preflight(cfg, world_size=args.nproc)
+    problems += memory_preflight(cfg, world_size=args.nproc)[0]
     for p in problems:
         print(f"config problem: {p}")
     return 0 if res.ok and not problems else 2

@@ -39,6 +39,7 @@ from rlvr.rollout.vllm_setup import (
     export_checkpoint,
     folder_names,
     keep_process_state,
+    kv_cache_budget,
     max_model_len_for,
     max_num_seqs_for,
     quiet,
@@ -179,6 +180,8 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         with keep_process_state():
             self._llm = LLM(**kwargs)
+        # the engine's share of memory, in the run's metrics (mem_engine_kv_gib)
+        self.kv_cache_bytes = kv_cache_bytes or kv_cache_budget(self._llm, config, dtype, self.tp)
         VLLMEngine._live = self
         atexit.register(self.close)
 

@@ -131,6 +131,16 @@ def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
 
 
+def kv_cache_budget(llm, config, dtype: torch.dtype, tensor_parallel_size: int) -> int | None:
+    """The KV cache vLLM sized for itself on a GPU, per device (its blocks x block size x bytes
+    per token, split over the tensor-parallel ranks), or None where the engine does not say."""
+    cache = getattr(getattr(llm.llm_engine, "vllm_config", None), "cache_config", None)
+    blocks, block = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    if not blocks or not block:
+        return None
+    return blocks * block * kv_bytes_per_token(config, dtype) // tensor_parallel_size
+
+
 # The KV-cache block size rlvr starts vLLM's CPU backend with: the smallest its attention kernel
 # takes (multiples of 32), not its default of 128. Prefix caching reuses whole blocks only, so a
 # group's n samples share their prompt's prefill only up to its last full block: with 128-token

@@ -79,6 +79,19 @@ PHASE_TIMING_KEYS = (
     "time_sync",
     "time_eval",
 )
+# Memory (GiB), every step: the process's resident set at the step's end and its peak so far;
+# with several processes the maximum over ranks, each rank's as ``<key>_rank<r>``.
+MEMORY_KEYS = ("mem_rss_gib", "mem_rss_peak_gib")
+# On a GPU (not in the contract: a CPU run never logs them): torch.cuda's max allocated and max
+# reserved since the step began, and allocated at its end; ranks as above.
+CUDA_MEMORY_KEYS = (
+    "mem_cuda_max_allocated_gib",
+    "mem_cuda_max_reserved_gib",
+    "mem_cuda_allocated_gib",
+)
+# mem_engine_kv_gib: the engine's KV-cache budget where it is known (vLLM), every step;
+# mem_plan_gib: the memory plan's peak, on a fresh run's first line only.
+MEMORY_PLAN_KEY = "mem_plan_gib"
 # policy_version: updates applied so far (the engine's weights are synced to it before generating
 # or evaluating, every rollout.sync_every versions); kl_coef: the KL coefficient used this step;
 # sync_*: the vLLM engine's weight-sync statistics on the steps that synced;
@@ -97,7 +110,9 @@ EPISODE_KEYS = (
     "turns_limit_rate",
 )
 
-METRIC_KEYS: tuple[str, ...] = STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS
+METRIC_KEYS: tuple[str, ...] = (
+    STEP_KEYS + REWARD_KEYS + UPDATE_KEYS + ROLLOUT_KEYS + TIMING_KEYS + MEMORY_KEYS
+)
 
 # Eval scores are logged as ``eval/<set_name>/<mode>``, e.g. ``eval/heldout/greedy_pass@1``.
 EVAL_PREFIX = "eval/"

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from rlvr.telemetry.keys import EVAL_PREFIX, PHASE_TIMING_KEYS
+from rlvr.telemetry.keys import EVAL_PREFIX, MEMORY_PLAN_KEY, PHASE_TIMING_KEYS
 from rlvr.telemetry.report_data import RunData, rolling_mean, series
 
 ROLLING_WINDOW = 5
@@ -121,16 +121,28 @@ def plot_grad_norm(runs: Sequence[RunData]) -> Figure | None:
     )
     if fig is None:
         return None
+    return _run_lines(fig, runs, _grad_clip_line)
+
+
+def _grad_clip_line(run: RunData) -> tuple[float, str] | None:
+    threshold = (run.config or {}).get(MAX_GRAD_NORM_KEY)
+    if isinstance(threshold, int | float) and not isinstance(threshold, bool):
+        return float(threshold), f"max_grad_norm = {threshold:g}"
+    return None
+
+
+def _run_lines(
+    fig: Figure, runs: Sequence[RunData], line: Callable[[RunData], tuple[float, str] | None]
+) -> Figure:
+    """A dashed horizontal line per run in the run's colour, at ``line(run)``'s (height, label)
+    (none where it returns None)."""
     ax = fig.axes[0]
     for i, run in enumerate(runs):
-        threshold = (run.config or {}).get(MAX_GRAD_NORM_KEY)
-        if isinstance(threshold, int | float) and not isinstance(threshold, bool):
+        found = line(run)
+        if found is not None:
+            height, label = found
             ax.axhline(
-                float(threshold),
-                color=_color(i),
-                linestyle="--",
-                linewidth=1,
-                label=f"{run.label}: max_grad_norm = {threshold:g}",
+                height, color=_color(i), linestyle="--", linewidth=1, label=f"{run.label}: {label}"
             )
     ax.legend(fontsize=7, loc="best")
     return fig
@@ -241,6 +253,26 @@ def plot_timings(runs: Sequence[RunData]) -> Figure | None:
     return fig
 
 
+def plot_memory(runs: Sequence[RunData]) -> Figure | None:
+    """Peak and current RSS (and on a GPU torch.cuda's per-step peaks) per step, with each run's
+    memory plan (its first line's ``mem_plan_gib``) as a dashed line in the run's colour."""
+    keys = [
+        "mem_rss_peak_gib",
+        "mem_rss_gib",
+        "mem_cuda_max_reserved_gib",
+        "mem_cuda_max_allocated_gib",
+    ]
+    fig = _multi_key_plot(runs, keys, "Memory per step (max over ranks)", "GiB")
+    if fig is None:
+        return None
+    return _run_lines(fig, runs, _plan_line)
+
+
+def _plan_line(run: RunData) -> tuple[float, str] | None:
+    _, plan = series(run.metrics, MEMORY_PLAN_KEY)
+    return (float(plan[0]), f"memory plan {plan[0]:.2f} GiB") if len(plan) else None
+
+
 # (file stem, caption, builder) in page order.
 PLOTS: tuple[tuple[str, str, Callable[[Sequence[RunData]], Figure | None]], ...] = (
     ("reward", "Reward and correctness", plot_reward),
@@ -253,4 +285,5 @@ PLOTS: tuple[tuple[str, str, Callable[[Sequence[RunData]], Figure | None]], ...]
     ("log_ratio", "Log-ratio tails", plot_log_ratio),
     ("logprob_mismatch", "Rollout engine vs trainer log-probs", plot_logprob_mismatch),
     ("timings", "Phase timings", plot_timings),
+    ("memory", "Memory per step against the memory plan (dashed)", plot_memory),
 )

