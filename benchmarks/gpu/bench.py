@@ -34,6 +34,8 @@ from benchmarks.harness.workloads import Workload, step_schedule
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = Path(__file__).with_name("shapes")
 GPU_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b")
+# rlvr with transformers' SDPA, so the update pads (the A/B of the packed update on the card)
+PADDED = "rlvr-padded"
 # (label, summary key, scale, format); the ratio column is rlvr / TRL
 ROWS = (
     ("step time (s, median)", "step_time_median_s", 1.0, "{:.2f}"),
@@ -98,12 +100,12 @@ def trl_missing(python: str) -> str | None:
     return None if res.returncode == 0 else res.stderr.strip().splitlines()[-1]
 
 
-def run_side(side: str, spec: dict, work: Path, python: str, timeout: int) -> dict:
+def run_side(kind: str, side: str, spec: dict, work: Path, python: str, timeout: int) -> dict:
     spec_path, result_path = work / f"{side}-spec.json", work / f"{side}-result.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
     env["TOKENIZERS_PARALLELISM"] = "false"
-    cmd = [python, "-m", "benchmarks.gpu.worker", side, str(spec_path), str(result_path)]
+    cmd = [python, "-m", "benchmarks.gpu.worker", kind, str(spec_path), str(result_path)]
     t = time.perf_counter()
     with open(work / f"{side}.log", "w") as log:
         res = subprocess.run(
@@ -165,7 +167,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=None, help="replies per prompt (default 8; dry 2)")
     p.add_argument("--new-tokens", type=int, default=None, help="reply length (default 128; dry 8)")
     p.add_argument("--micro-batch", type=int, default=None, help="sequences per pass (16; dry 2)")
-    p.add_argument("--sides", default="rlvr,trl")
+    p.add_argument("--sides", default="rlvr,trl", help=f"any of rlvr, trl, {PADDED}")
     p.add_argument("--trl-python", default=sys.executable, help="Python that runs TRL's side")
     p.add_argument("--results", type=Path, default=None, help="also write gpu-DATE.{json,md} here")
     p.add_argument("--timeout", type=int, default=240, help="seconds per side and shape")
@@ -244,9 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         spec.update(device=device, schedule=step_schedule(w, steps, tok, seed=0))
         summaries = {}
         for side in sides:
-            spec.update(side=side, work_dir=str(work / shape / side))
+            spec.update(side=side, work_dir=str(work / shape / side), padded=side == PADDED)
             python = a.trl_python if side == "trl" else sys.executable
-            result = run_side(side, spec, work / shape, python, a.timeout)
+            kind = "trl" if side == "trl" else "rlvr"
+            result = run_side(kind, side, spec, work / shape, python, a.timeout)
             summaries[side] = summarize(result, report["workload"]["warmup"], peak)
             s = summaries[side]
             print(
@@ -263,6 +266,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         report["shapes"][shape] = {"sides": summaries, "ratios_rlvr_over_trl": ratios}
         md.append(table(shape, summaries, note))
+        if PADDED in summaries:
+            pad, packed = summaries[PADDED], summaries["rlvr"]
+            md.append(
+                f"rlvr's update with replies packed (attention `{packed['attention']}`): "
+                f"{packed['phase_median_s']['update']:.2f} s; padded (transformers' SDPA): "
+                f"{pad['phase_median_s']['update']:.2f} s (steps {packed['step_time_median_s']:.2f} "
+                f"s and {pad['step_time_median_s']:.2f} s).\n"
+            )
     md.append("Ratios below 1 are better for times and memory, above 1 for tokens/s and MFU.")
     text = "\n".join(md) + "\n"
     stem = f"gpu-{report['date']}" + ("-dry" if dry else "")

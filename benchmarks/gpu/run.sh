@@ -72,7 +72,8 @@ fi
 if [ "$STAGE" = all ] || [ "$STAGE" = bench ]; then
     stamp "the benchmark against TRL" | tee "$OUT/bench.log"
     export TMPDIR=${TMPDIR:-/tmp}
-    timeout 330 "$PY" -m benchmarks.gpu.bench --out "$OUT" 2>&1 | tee -a "$OUT/bench.log"
+    # BENCH_ARGS: more options, e.g. "--sides rlvr,trl,rlvr-padded --shapes qwen2.5-1.5b"
+    timeout 330 "$PY" -m benchmarks.gpu.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/bench.log"
     (cd "$TMPDIR/rlvr-gpu-bench" && find . -name '*.log' -o -name '*-result.json' |
         tar czf "$OUT/worker-logs.tgz" -T -) || true
 fi

@@ -63,6 +63,10 @@ def run_rlvr(spec: dict, rec: Recorder) -> None:
         f"rollout.batch_size={spec['prompts_per_step'] * spec['group_size']}",
     ]
     trainer = Trainer(load_config(None, overrides), run_dir=Path(spec["work_dir"]) / "rlvr-run")
+    if spec.get("padded"):
+        # transformers' own SDPA: the update pads replies to the longest (packed_rows.can_pack
+        # is false); decoding runs the same kernel either way (PACKED_SDPA delegates to it)
+        trainer.model.set_attn_implementation("sdpa")
     import transformers
 
     rec.start(

@@ -18,7 +18,7 @@ import torch
 from tests.gpu.support import DEVICE
 
 from rlvr.model import lean_backward
-from rlvr.model.attention import GROUPED_EAGER
+from rlvr.model.attention import GROUPED_EAGER, PACKED_SDPA
 from rlvr.model.forward import build_sequence_batch, sequence_logprobs
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
@@ -68,9 +68,10 @@ def rows_of_two_prompts(tok):
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER])
+@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER, PACKED_SDPA])
 def test_shared_prompt_and_packed_passes_match_the_padded_pass_on_cuda(attention, bf16):
-    """The padded pass against the shared-prompt pass (packed under GROUPED_EAGER)."""
+    """The padded pass against the shared-prompt pass (packed under GROUPED_EAGER and
+    PACKED_SDPA, the GPU's training attention)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     tok = build_char_tokenizer()
