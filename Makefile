@@ -28,7 +28,8 @@ setup-malloc: $(VENV)/.rlvr-installed
 $(VENV)/.rlvr-installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch first, pinned: an unpinned torch pulls a multi-GB CUDA build on CPU machines
+	# torch first, pinned exactly here (pyproject.toml has ranges, for GPU users' own torch:
+	# docs/gpu.md): an unpinned torch pulls a multi-GB CUDA build on CPU machines
 	$(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[test]"
 	# the default model (SmolLM2-135M-Instruct, GGUF); its own dependencies belong to another tool

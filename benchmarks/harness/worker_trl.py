@@ -39,7 +39,7 @@ def grpo_args(spec: dict):
     seqs = spec["prompts_per_step"] * spec["group_size"]
     return GRPOConfig(
         output_dir=str(Path(spec["work_dir"]) / "trl-run"),
-        use_cpu=True,
+        use_cpu=spec.get("device", "cpu") == "cpu",  # the GPU benchmark's spec says cuda
         bf16=spec.get("precision", "bf16") == "bf16",  # float32 otherwise, as rlvr's side
         per_device_train_batch_size=spec["micro_batch"],
         # one optimizer step per rollout batch: accumulate over all its micro-batches

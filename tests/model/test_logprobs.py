@@ -112,18 +112,23 @@ def test_grouped_eager_is_eagers_arithmetic(arch):
 
 def test_training_attention_is_grouped_eager_for_text_models(tiny_vlm_dir):
     """'auto' on the CPU with short replies means eager arithmetic: the grouped kernel on a text
-    model, transformers' eager on a vision-language model; an explicit sdpa stays sdpa."""
+    model, transformers' eager on a vision-language model; an explicit sdpa is SDPA, on a text
+    model as PACKED_SDPA (which also takes the packed update's layout), else transformers'."""
     from rlvr.config import load_config
-    from rlvr.model.attention import GROUPED_EAGER, use_training_attention
+    from rlvr.model.attention import GROUPED_EAGER, PACKED_SDPA, use_training_attention
 
     tok = build_char_tokenizer()
     model = build_tiny_model(tok)
     use_training_attention(model, load_config(None, []), "cpu")
     assert model.config._attn_implementation == GROUPED_EAGER
     use_training_attention(model, load_config(None, ["model.attention=sdpa"]), "cpu")
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == PACKED_SDPA
+    use_training_attention(model, load_config(None, []), "cuda")  # auto on a GPU
+    assert model.config._attn_implementation == PACKED_SDPA
     from rlvr.model.vlm import load_policy_model
 
     vlm = load_policy_model(str(tiny_vlm_dir))[0]
     use_training_attention(vlm, load_config(None, []), "cpu")
     assert vlm.config._attn_implementation == "eager"
+    use_training_attention(vlm, load_config(None, ["model.attention=sdpa"]), "cpu")
+    assert vlm.config._attn_implementation == "sdpa"

@@ -10,6 +10,7 @@ import torch
 from test_shared_prompt import record_positions
 from tests.training.test_train_e2e import one_float32_step
 
+from rlvr.model.attention import GROUPED_EAGER, PACKED_SDPA
 from rlvr.model.forward import build_sequence_batch
 from rlvr.model.logprobs import completion_logprobs
 from rlvr.model.packed_rows import PackedRows
@@ -61,8 +62,9 @@ def test_completion_logprobs_read_packed_logits_by_hand():
         completion_logprobs(logits.detach()[:2], sb)
 
 
+@pytest.mark.parametrize("attention", ["auto", "sdpa"])
 def test_a_training_step_puts_exactly_the_replies_tokens_through_the_model(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, attention
 ):
     """Under the default CPU attention a step's update runs each micro-batch's replies packed:
     one row of exactly their tokens (no padding), and the whole step's packed positions add
@@ -79,9 +81,13 @@ def test_a_training_step_puts_exactly_the_replies_tokens_through_the_model(
         "algo.group_size=4",
         "algo.prompts_per_step=4",
         "algo.micro_batch_size=4",
+        f"model.attention={attention}",
         before=watch,
     )
     assert metrics["grad_norm"] > 0
+    # auto is the grouped eager attention on the CPU; sdpa (the GPU's) packs as well
+    want = {"auto": GROUPED_EAGER, "sdpa": PACKED_SDPA}[attention]
+    assert held["trainer"].model.config._attn_implementation == want
     batch = held["trainer"].last_batch
     lens = [len(c) for c in batch.comp_ids]
     # the update's passes come last, two per micro-batch (one group each): its prompt but the

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from tests.training.test_train_e2e import one_float32_step
 
-from rlvr.model.attention import GROUPED_EAGER
+from rlvr.model.attention import GROUPED_EAGER, PACKED_SDPA
 from rlvr.model.forward import build_sequence_batch, completion_outputs, sequence_logprobs
 from rlvr.model.shared_prompt import shared_prompt_rows
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
@@ -36,7 +36,7 @@ def rows_of_two_prompts(tok):
     return prompts, comps
 
 
-@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER])
+@pytest.mark.parametrize("attention", ["eager", "sdpa", GROUPED_EAGER, PACKED_SDPA])
 def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention):
     tok = build_char_tokenizer()
     prompts, comps = rows_of_two_prompts(tok)
@@ -57,8 +57,9 @@ def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention)
             assert prompts_part[sb.prompt_firsts][sb.prompt_copies].equal(prompts_part)
             # the prompts but their last token once each, then every row from its last prompt
             # token: padded to the longest (5 positions), or under GROUPED_EAGER only the real
-            # ones packed into one row (3 + 0 + 5 + 1 + 2: training/packed_rows.py)
-            rows = [(1, 11)] if attention == GROUPED_EAGER else [(5, 5)]
+            # ones packed into one row (3 + 0 + 5 + 1 + 2: training/packed_rows.py); the same
+            # under PACKED_SDPA (SDPA on the rows laid out inside attention)
+            rows = [(1, 11)] if attention in (GROUPED_EAGER, PACKED_SDPA) else [(5, 5)]
             assert seen == [(2, 6), *rows]
         else:
             assert sb.prompt_firsts is None
@@ -79,7 +80,7 @@ def test_shared_prompts_give_each_sequences_own_logprobs_and_gradient(attention)
     assert (grads[True] - grads[False]).norm() / grads[False].norm() < 1e-5
 
 
-@pytest.mark.parametrize("attention", ["eager", GROUPED_EAGER])
+@pytest.mark.parametrize("attention", ["eager", GROUPED_EAGER, PACKED_SDPA])
 def test_a_critics_hidden_states_are_the_whole_passes(attention):
     """PPO's value head reads the last hidden state at every completion position; packed
     (GROUPED_EAGER), the logits are the real tokens' only and the hidden states laid out."""
@@ -92,7 +93,7 @@ def test_a_critics_hidden_states_are_the_whole_passes(attention):
         seen[share] = record_positions(model)
         sb = build_sequence_batch(prompts, comps, tok.pad_token_id, share_prompt=share)
         out[share] = completion_outputs(model, sb, hidden_states=True)
-    packed = attention == GROUPED_EAGER
+    packed = attention in (GROUPED_EAGER, PACKED_SDPA)
     assert seen[True] == [(2, 6), (1, 11) if packed else (5, 5)] and seen[False] == [(5, 12)]
     mask = sb.completion_mask.bool()
     (full_logits, full_hidden), (logits, hidden) = out[False], out[True]

@@ -43,8 +43,9 @@ class ModelConfig(Section):
         "auto",
         description="Attention kernel of the trained model. 'auto': eager on the CPU for short "
         "replies (rollout.max_new_tokens <= 256: its backward is ~10% faster than SDPA's there), "
-        "else SDPA (eager keeps a T x T score matrix per head for the backward). Eager on a text "
-        "model runs without repeating the key/value heads (training/grouped_attention.py).",
+        "else SDPA (eager keeps a T x T score matrix per head for the backward). On a text model "
+        "eager runs without repeating the key/value heads and both take the packed update "
+        "(model/attention.py, model/packed_rows.py).",
     )
     gradient_checkpointing: bool = False
     lean_backward: bool = Field(

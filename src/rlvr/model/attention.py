@@ -17,11 +17,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from rlvr.model.vlm import is_vlm_config
 
 GROUPED_EAGER = "rlvr_grouped_eager"
+# transformers' SDPA attention, which a packed pass's layout reaches too (the GPU's training
+# attention: packed rows without eager's T x T scores; see packed_sdpa_attention)
+PACKED_SDPA = "rlvr_packed_sdpa"
 # the keyword under which a packed pass's layout reaches the attention (training/packed_rows.py)
 PACKED_ROWS = "packed_rows"
 
@@ -69,6 +73,33 @@ AttentionInterface.register(GROUPED_EAGER, grouped_eager_attention)
 AttentionMaskInterface.register(GROUPED_EAGER, eager_mask)
 
 
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa_attention_forward`` as it is, except under a packed pass's layout
+    (``packed_rows``): the packed ``[1, heads, N, D]`` inputs are laid out per row with each
+    row's prompt keys in front, attended by SDPA with the padded rows' boolean mask, and the
+    output packed again ``[1, N, H, D]`` (as ``grouped_eager_attention`` does for eager)."""
+    rows = kwargs.pop(PACKED_ROWS, None)
+    if rows is not None:
+        query, key, value = rows.attention_inputs(module.layer_idx, query, key, value)
+    out, _ = sdpa_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
+    return (rows.pack_output(out) if rows is not None else out), None
+
+
+AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)
+
+
 # Longest reply for which 'auto' picks eager attention on the CPU (see ModelConfig.attention).
 EAGER_MAX_NEW_TOKENS = 256
 
@@ -89,10 +120,11 @@ def choose_attention(requested: str, device_type: str, max_new_tokens: int) -> s
 def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
     """The attention kernel training used (same arithmetic, so the same greedy replies).
 
-    Eager on a text model runs as ``GROUPED_EAGER``: eager's arithmetic without copying the
-    key/value heads each query head shares (a vision tower's attention keeps transformers' own)."""
+    On a text model eager runs as ``GROUPED_EAGER`` (eager's arithmetic without copying the
+    key/value heads each query head shares) and SDPA as ``PACKED_SDPA`` (SDPA itself, which also
+    takes the packed update's layout); a vision-language model keeps transformers' own."""
     kind = torch.device(device).type
     chosen = choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
-    if chosen == "eager" and not is_vlm_config(model.config):
-        chosen = GROUPED_EAGER
+    if not is_vlm_config(model.config):
+        chosen = {"eager": GROUPED_EAGER, "sdpa": PACKED_SDPA}.get(chosen, chosen)
     model.set_attn_implementation(chosen)

@@ -7,11 +7,12 @@ real positions are packed into one row ``[1, N]`` and go through the model that 
 per-token layer sees N positions, not ``B x Tc``. Attention is the one layer that mixes
 positions: there the packed queries, keys and values are laid back out as ``[B, heads, Tc, D]``
 (``index_copy``: its backward is a gather), each row's prompt keys from the cache go in front,
-and the grouped eager attention runs on them with the same mask as the padded pass; its output
-is packed again. The arithmetic of every real position is the padded pass's.
+and the grouped eager attention (or SDPA, ``PACKED_SDPA``: the GPU's) runs on them with the
+same mask as the padded pass; its output is packed again. The arithmetic of every real position is the padded pass's.
 
 transformers hands unknown keyword arguments of a model's forward down to its attention function,
-so the layout travels as ``packed_rows=PackedRows(...)`` and ``grouped_eager_attention`` unpacks.
+so the layout travels as ``packed_rows=PackedRows(...)`` and ``grouped_eager_attention`` or
+``packed_sdpa_attention`` unpacks.
 Used only where that function is the model's attention and every cache layer is a plain
 full-attention one (``can_pack``); elsewhere the padded pass runs.
 """
@@ -24,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.masking_utils import create_causal_mask
 
-from rlvr.model.attention import GROUPED_EAGER, PACKED_ROWS
+from rlvr.model.attention import GROUPED_EAGER, PACKED_ROWS, PACKED_SDPA
 
 
 @dataclass
@@ -83,10 +84,11 @@ class PackedRows:
 
 def can_pack(model: torch.nn.Module, cache: DynamicCache) -> bool:
     """True where the packed pass computes what the padded one does: a text model whose
-    attention is ``GROUPED_EAGER`` (the function that unpacks) and whose cache layers are all
-    full attention (a sliding window or per-row state would need more than a causal mask)."""
+    attention is ``GROUPED_EAGER`` or ``PACKED_SDPA`` (the functions that unpack) and whose
+    cache layers are all full attention (a sliding window or per-row state would need more
+    than a causal mask)."""
     return (
-        getattr(model.config, "_attn_implementation", None) == GROUPED_EAGER
+        getattr(model.config, "_attn_implementation", None) in (GROUPED_EAGER, PACKED_SDPA)
         and getattr(model.config, "vision_config", None) is None
         and all(type(layer) is DynamicLayer for layer in cache.layers)
     )

@@ -49,6 +49,48 @@ def build_char_tokenizer():
     return fast
 
 
+FIXED_LENGTH_EOS = "<|endofreply|>"
+
+
+def build_fixed_length_tokenizer(vocab_size: int):
+    """The char tokenizer padded with filler tokens to ``vocab_size`` ids, then an EOS at id
+    ``vocab_size``: a model with ``vocab_size`` output rows can never emit it, so every reply
+    runs to ``max_new_tokens`` on any sampler (the GPU benchmark's equal work, the memory plan's
+    GPU test). Fillers are letters only, so a reply's text holds no digits by chance."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    base = build_char_tokenizer()
+    vocab = dict(base.get_vocab())
+    if vocab_size < len(vocab):
+        raise ValueError(f"vocab_size={vocab_size}: the char tokenizer alone has {len(vocab)} ids")
+    letters = string.ascii_lowercase
+    i = 0
+    while len(vocab) < vocab_size:
+        name, n = "", i
+        while True:  # base-26 letters: a, b, ..., z, ba, bb, ...
+            name = letters[n % 26] + name
+            n //= 26
+            if n == 0:
+                break
+        vocab.setdefault(f"\u27e8{name}\u27e9", len(vocab))  # ⟨name⟩: no char token's spelling
+        i += 1
+    vocab[FIXED_LENGTH_EOS] = vocab_size
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        pad_token="<pad>",
+        bos_token="<|im_start|>",
+        eos_token=FIXED_LENGTH_EOS,
+    )
+    fast.chat_template = _CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
 def build_tiny_model(
     tokenizer,
     *,
@@ -60,15 +102,17 @@ def build_tiny_model(
     intermediate: int = 128,
     max_positions: int = 512,
     seed: int = 0,
+    vocab_size: int | None = None,
 ) -> torch.nn.Module:
-    """A randomly initialised causal LM (Llama or Qwen2 shape) over ``tokenizer``'s vocabulary."""
+    """A randomly initialised causal LM (Llama or Qwen2 shape) over ``tokenizer``'s vocabulary
+    (``vocab_size`` rows instead: fewer than a ``build_fixed_length_tokenizer``'s, so no EOS)."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     classes = {"llama": LlamaConfig, "qwen2": Qwen2Config}
     if arch not in classes:
         raise ValueError(f"unknown tiny arch {arch!r}; known: {sorted(classes)}")
     config = classes[arch](
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden,
         num_hidden_layers=layers,
         num_attention_heads=heads,
