@@ -11,15 +11,13 @@ from pathlib import Path
 
 from rlvr.checkpoint.full import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.checkpoint.sharded import restore_sharded_checkpoint, save_sharded_checkpoint
+from rlvr.data.templates import asks_for_boxed
 from rlvr.distributed import barrier, full_state_dict
 from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.model.loading import save_model_folder
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.telemetry.health import (
-    HEALTH_EVENTS_FILE,
-    HEALTH_FILE,
-)
+from rlvr.telemetry.health import HEALTH_EVENTS_FILE, HEALTH_FILE, HealthGate
 from rlvr.telemetry.samples import list_sample_steps, samples_path
 from rlvr.telemetry.sinks import read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE
@@ -51,6 +49,14 @@ def save_final(run: Run) -> Path:
     return save_model_folder(  # a VLM's processor saves its tokenizer with it
         model, run.processing, final, state_dict=state, replace=True
     )
+
+
+def health_gate(run: Run) -> HealthGate:
+    """The run's health gate, without the rules that cannot apply to it: ``has_boxed`` only
+    where the prompts ask for a boxed answer (a task that never asks cannot lose the format)."""
+    d = run.cfg.data
+    boxed = asks_for_boxed(run.train_rows, d.template, run.tokenizer, d.system_prompt)
+    return HealthGate(run.cfg.health, not_applicable=() if boxed else ("has_boxed",))
 
 
 def postfix(m: dict) -> dict:

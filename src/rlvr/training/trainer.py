@@ -26,12 +26,13 @@ from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
+from rlvr.telemetry.health import HealthStop, first_stop, write_health
 from rlvr.telemetry.samples import write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics
 from rlvr.telemetry.spikes import SpikeLog
 from rlvr.training.loop import (
     fmt_eval,
+    health_gate,
     interrupt_note,
     postfix,
     print_summary,
@@ -110,7 +111,7 @@ class Trainer:
             wandb_project=cfg.logging.wandb_project,
             run_name=run_dir.name,
         )
-        gate = HealthGate(cfg.health)
+        gate = health_gate(run)
         for m in self.history:  # a resumed run: bring the gate's streak counters back
             gate.check(m["step"], m)
         if gate.events:
