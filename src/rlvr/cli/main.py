@@ -44,7 +44,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rlvr.offline import go_offline_if_unreachable
+
     cfg = _train_config(args)
+    go_offline_if_unreachable()  # before the hub libraries are imported (rlvr.offline)
     if args.dry_run:
         from rlvr.training.preflight.dry_run import run_dry
 
@@ -142,6 +145,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    from rlvr.offline import go_offline_if_unreachable
+
+    go_offline_if_unreachable()
     from rlvr.config import load_config
     from rlvr.data.rows import load_rows_for
     from rlvr.training.preflight.checks import config_problems
