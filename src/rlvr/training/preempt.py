@@ -85,8 +85,12 @@ class StopSignals:
         if self._window == "abandon" and self.abandon:
             self._window = "finish"  # a second signal must not break the checkpoint being saved
             raise Preempted(signum, abandoned=True)
-        if self._window == "update" and self.grace_s > 0:
-            signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+        if self._window == "update":
+            if self.grace_s > 0:
+                signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+            else:  # no grace: the update is abandoned at once
+                self._window = "finish"
+                raise Preempted(signum, half_updated=True)
 
     def _on_grace_over(self, signum: int, frame) -> None:
         if self._window == "update" and self.signum is not None:
