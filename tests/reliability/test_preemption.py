@@ -19,16 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from reliability.figures import add
-from reliability.procs import wait_for
-from reliability.runs import read_status, tiny_overrides
+from reliability.procs import alive, wait_for
+from reliability.runs import assert_equal_to_reference, read_status, tiny_overrides
 from rlvr.checkpoint.full import TMP_PREFIX, checkpoints_dir, latest_checkpoint, read_state
 from rlvr.telemetry.sinks import read_metrics
 
 MAX_STEPS = 4
-TIMING = ("time_", "_per_s")  # wall-clock timings and rates differ between any two runs
 # A maths reward (weight 0) starts the maths checker's child; a user reward starts the pool.
 REWARDS = "reward.specs=[{name: math, weight: 0.0}, {name: 'toy_rewards:count_sevens'}]"
 
@@ -50,10 +48,6 @@ def reference(fork_server, tiny_model_dir, tmp_path_factory) -> Path:
     return out / "ref"
 
 
-def deterministic(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not any(t in k for t in TIMING)}
-
-
 def group_of(pid: int) -> list[int]:
     out = []
     for p in psutil.process_iter(["pid"]):
@@ -63,13 +57,6 @@ def group_of(pid: int) -> list[int]:
         except ProcessLookupError:
             pass
     return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 @pytest.mark.parametrize(
@@ -123,14 +110,7 @@ def test_a_stop_signal_checkpoints_and_resume_auto_loses_nothing(
     pid = fork_server.run(args, tmp_path / "resume.txt")
     assert fork_server.wait(pid) == 0, (tmp_path / "resume.txt").read_text()[-3000:]
     assert f"from step_{status['step']:06d}" in (tmp_path / "resume.txt").read_text()
-    got, want = read_metrics(run_dir), read_metrics(reference)
-    assert [m["step"] for m in got] == list(range(MAX_STEPS + 1))  # each step exactly once
-    for g, w in zip(got, want, strict=True):
-        assert deterministic(g) == deterministic(w), g["step"]
-    a = load_file(str(run_dir / "final" / "model.safetensors"))
-    b = load_file(str(reference / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert read_status(run_dir)["state"] == "finished"
+    assert assert_equal_to_reference(run_dir, reference, MAX_STEPS) == 0
     add("preemption", signals=1, steps_lost=0, child_processes_left=0)
 
 
