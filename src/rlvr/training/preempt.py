@@ -104,6 +104,9 @@ class StopSignals:
         plain, tensors = rng_state()
         self._mark = (dict(state.sampler.state_dict()), plain, tensors)
         self._window = "abandon"
+        if self.signum is not None and self.abandon:  # came between two steps: stop now
+            self._window = "finish"
+            raise Preempted(self.signum, abandoned=True)
 
     @contextlib.contextmanager
     def updating(self) -> Iterator[None]:

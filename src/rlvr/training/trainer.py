@@ -98,7 +98,7 @@ class Trainer:
         """Train for ``train.max_steps`` steps with evaluations around them; returns the summary.
 
         Resumes from ``run.resume_from`` when the run names a checkpoint; writes ``status.json``
-        (running, then finished, interrupted, stopped_by_health or failed)."""
+        (running, then finished, interrupted, preempted, stopped_by_health or failed)."""
         run, state, cfg = self.run, self.state, self.cfg
         run_dir, main = run.run_dir, run.dist.is_main
         # a step may be abandoned before its update only where no other rank waits on it and
