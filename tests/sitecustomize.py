@@ -6,6 +6,8 @@ suite asked for it, and it keeps test switches out of ``src/``:
 
 * ``RLVR_TEST_HF_ENGINE=1``: ``rollout.engine=auto`` picks the transformers engine even where
   vLLM is installed (tests outside ``tests/rollout`` behave the same with and without vLLM).
+* ``RLVR_TEST_HOOKS=module:function``: the function is called once ``rlvr.training.trainer`` is
+  imported (test probes in processes the suite does not fork itself: torchrun's ranks).
 * ``RLVR_TEST_SLOW_SAVE=<seconds>``: every checkpoint write sleeps that long after its files are
   written and before they are fsynced and marked COMPLETE, so a kill can land inside a save.
 
@@ -23,6 +25,7 @@ import time
 
 HF_ENGINE_ENV = "RLVR_TEST_HF_ENGINE"
 SLOW_SAVE_ENV = "RLVR_TEST_SLOW_SAVE"
+HOOKS_ENV = "RLVR_TEST_HOOKS"
 
 
 def no_vllm(module) -> None:
@@ -38,6 +41,13 @@ def slow_save(module) -> None:
         return real(root)
 
     module._fsync_tree = paused
+
+
+def call_hooks(module) -> None:
+    target, _, function = os.environ[HOOKS_ENV].partition(":")
+    import importlib
+
+    getattr(importlib.import_module(target), function)()
 
 
 class _PatchAfterImport(importlib.abc.MetaPathFinder):
@@ -70,6 +80,8 @@ def install() -> None:
         patches["rlvr.rollout.builder"] = no_vllm
     if os.environ.get(SLOW_SAVE_ENV):
         patches["rlvr.checkpoint.full"] = slow_save
+    if os.environ.get(HOOKS_ENV):
+        patches["rlvr.training.trainer"] = call_hooks
     later = {}
     for name, patch in patches.items():
         if name in sys.modules:

@@ -38,3 +38,13 @@ def sleep_while_running(seconds: float, pid: int) -> bool:
             return False
         time.sleep(0.002)
     return not exited(pid)
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as gone)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from rlvr.config import Config, load_config
 from rlvr.telemetry.sinks import read_metrics
@@ -33,6 +34,15 @@ def tiny_config(model_dir: Path, out: Path, name: str, *extra: str) -> Config:
     return load_config(None, tiny_overrides(model_dir, out, name, *extra))
 
 
+# Metrics that legitimately differ between runs: wall-clock timings and rates.
+TIMING = ("time_", "_per_s")
+
+
+def deterministic(metrics: dict) -> dict:
+    """A metrics line without its timings: what two equal runs share bit for bit."""
+    return {k: v for k, v in metrics.items() if not any(t in k for t in TIMING)}
+
+
 def step_metrics(run_dir: Path) -> list[dict]:
     """Metrics lines of training steps (step 0 is the evaluation before training); "NaN" and
     "Infinity" markers read back as floats."""
@@ -50,3 +60,24 @@ def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def differing_bytes(a: Path, b: Path) -> int:
+    """Bytes that differ between two files (a length difference counts as that many bytes)."""
+    x, y = a.read_bytes(), b.read_bytes()
+    return sum(p != q for p, q in zip(x, y, strict=False)) + abs(len(x) - len(y))
+
+
+def assert_equal_to_reference(run_dir: Path, reference: Path, max_steps: int) -> int:
+    """Same per-step metrics (timings aside) and the same final weights; returns bytes lost."""
+    got, want = read_metrics(run_dir), read_metrics(reference)
+    assert [m["step"] for m in got] == list(range(max_steps + 1))  # each step exactly once
+    for g, w in zip(got, want, strict=True):
+        assert deterministic(g) == deterministic(w), g["step"]
+    a = load_file(str(run_dir / "final" / "model.safetensors"))
+    b = load_file(str(reference / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert read_status(run_dir)["state"] == "finished"
+    return differing_bytes(
+        run_dir / "final" / "model.safetensors", reference / "final" / "model.safetensors"
+    )

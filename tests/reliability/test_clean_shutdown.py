@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from reliability.figures import add
-from reliability.procs import wait_for
+from reliability.procs import alive, wait_for
 from reliability.runs import read_status, tiny_overrides
 from reliability.shutdown_hooks import interrupt_in
 from rlvr.checkpoint.full import latest_checkpoint, read_state
@@ -65,7 +65,7 @@ def test_ctrl_c_stops_the_run_cleanly(
     # The run had its children when Ctrl-C came: two reward workers and the maths checker.
     assert len(during) >= 3, during
     assert not (children() - before), "child processes left behind"
-    assert not [pid for pid in during if _alive(pid)]
+    assert not [pid for pid in during if alive(pid)]
     # The checkpoint of the last finished step is complete and loads.
     latest = latest_checkpoint(run_dir)
     assert latest is not None and latest.step == 1
@@ -96,9 +96,9 @@ def test_ctrl_c_from_a_terminal_reaches_the_process_group(
     assert fork_server.wait(pid) == 130
     assert read_status(run_dir)["state"] == "interrupted"
     deadline = time.monotonic() + 10
-    while any(_alive(p.pid) for p in group) and time.monotonic() < deadline:
+    while any(alive(p.pid) for p in group) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [p.pid for p in group if _alive(p.pid)], "processes of the run's group left behind"
+    assert not [p.pid for p in group if alive(p.pid)], "processes of the run's group left behind"
     add("clean_shutdown", interrupts=1, child_processes_left=0)
 
 
@@ -137,13 +137,6 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_the_ctrl_c_tests_pass_when_started_with_sigint_ignored(tmp_path) -> None:

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from reliability.figures import record
 from reliability.limits import FILE_SIZE_ENV
 from reliability.procs import exited, sleep_while_running, wait_for
-from reliability.runs import read_status, tiny_overrides
+from reliability.runs import assert_equal_to_reference, read_status, tiny_overrides
 from rlvr.checkpoint.full import (
     TMP_PREFIX,
     checkpoint_name,
@@ -41,8 +41,6 @@ from sitecustomize import SLOW_SAVE_ENV
 MAX_STEPS = 8
 KILLS = 12
 MAX_ROUNDS = 40
-# Metrics that legitimately differ between runs: wall-clock timings and rates.
-TIMING = ("time_", "_per_s")
 
 
 def argv(model_dir: Path, out: Path, name: str) -> list[str]:
@@ -63,31 +61,6 @@ def reference(fork_server, tiny_model_dir, tmp_path_factory) -> Path:
     pid = fork_server.run(argv(tiny_model_dir, out, "ref"), out / "log.txt")
     assert fork_server.wait(pid) == 0, (out / "log.txt").read_text()[-3000:]
     return out / "ref"
-
-
-def deterministic(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not any(t in k for t in TIMING)}
-
-
-def differing_bytes(a: Path, b: Path) -> int:
-    """Bytes that differ between two files (a length difference counts as that many bytes)."""
-    x, y = a.read_bytes(), b.read_bytes()
-    return sum(p != q for p, q in zip(x, y, strict=False)) + abs(len(x) - len(y))
-
-
-def assert_equal_to_reference(run_dir: Path, reference: Path) -> int:
-    """Same per-step metrics (timings aside) and the same final weights; returns bytes lost."""
-    got, want = read_metrics(run_dir), read_metrics(reference)
-    assert [m["step"] for m in got] == list(range(MAX_STEPS + 1))  # each step exactly once
-    for g, w in zip(got, want, strict=True):
-        assert deterministic(g) == deterministic(w), g["step"]
-    a = load_file(str(run_dir / "final" / "model.safetensors"))
-    b = load_file(str(reference / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert read_status(run_dir)["state"] == "finished"
-    return differing_bytes(
-        run_dir / "final" / "model.safetensors", reference / "final" / "model.safetensors"
-    )
 
 
 def verify_checkpoints(run_dir: Path) -> int:
@@ -202,7 +175,7 @@ def test_twelve_sigkills_then_resume_equal_an_uninterrupted_run(
 
     pid = fork_server.run(argv(tiny_model_dir, tmp_path, name), tmp_path / "final.log")
     assert fork_server.wait(pid) == 0, (tmp_path / "final.log").read_text()[-3000:]
-    lost = assert_equal_to_reference(run_dir, reference)
+    lost = assert_equal_to_reference(run_dir, reference, MAX_STEPS)
     assert lost == 0
     verified += verify_checkpoints(run_dir)
     assert not list(checkpoints_dir(run_dir).glob(TMP_PREFIX + "*"))  # leftovers cleaned up
@@ -251,7 +224,7 @@ def test_a_full_disk_fails_the_save_clearly_and_keeps_the_previous_checkpoint(
     # With space again, the run resumes from that checkpoint and ends as if nothing happened.
     pid = fork_server.run(argv(tiny_model_dir, tmp_path, name), tmp_path / "resume.log")
     assert fork_server.wait(pid) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    lost = assert_equal_to_reference(run_dir, reference)
+    lost = assert_equal_to_reference(run_dir, reference, MAX_STEPS)
     assert lost == 0
     record(
         "full_disk",
@@ -291,4 +264,4 @@ def test_a_full_disk_while_a_resume_starts_leaves_the_run_resumable(
     assert (run_dir / "config.yaml").read_text() == saved_config
     pid = fork_server.run(["train", "--resume", str(run_dir)], tmp_path / "resume.log")
     assert fork_server.wait(pid) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    assert assert_equal_to_reference(run_dir, reference) == 0
+    assert assert_equal_to_reference(run_dir, reference, MAX_STEPS) == 0

@@ -62,6 +62,39 @@ def test_a_taken_port_is_refused_before_starting_a_server(tiny_model_dir, tmp_pa
     assert not list(tmp_path.iterdir())  # nothing exported, nothing started
 
 
+def test_a_port_left_in_time_wait_by_a_previous_run_is_free():
+    """A run right after a run: the previous server's connections leave its port in TIME_WAIT
+    for about a minute. The vLLM server binds with SO_REUSEADDR (uvicorn does), so it would
+    start; the check must agree with it, not refuse the port."""
+    import socket
+    from pathlib import Path
+
+    from rlvr.rollout.server_launch import check_port_free
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server closes first: its end of the connection enters TIME_WAIT
+    assert client.recv(1) == b""
+    client.close()
+    server.close()
+    # the state the fix is about, really there: /proc/net/tcp state 06 is TIME_WAIT
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    assert any(r[1] == f"0100007F:{port:04X}" and r[3] == "06" for r in rows)
+    check_port_free("127.0.0.1", port)  # no ValueError
+    # and a port a server still listens on is still refused (SO_REUSEADDR does not share it)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        with pytest.raises(ValueError, match=f"rollout.server_port={port} is in use"):
+            check_port_free("127.0.0.1", port)
+
+
 def test_server_mode_needs_the_vllm_engine():
     from rlvr.config import load_config
 

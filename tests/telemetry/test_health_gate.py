@@ -127,6 +127,32 @@ def test_has_boxed_absent_never_fires() -> None:
     assert run([{"has_boxed": None}] * 10) == []
 
 
+def test_a_rule_that_cannot_apply_is_never_checked() -> None:
+    cfg = HealthConfig.model_validate(SHORT)
+    gate = HealthGate(cfg, not_applicable=["has_boxed"])
+    low = {**HEALTHY, "has_boxed": 0.0, "grad_norm": 1e9}
+    assert [e.rule for e in gate.check(2, low)] == ["grad_norm_high"]  # the others still run
+    with pytest.raises(ValueError, match=r"unknown health rules \['has_box'\]"):
+        HealthGate(cfg, not_applicable=["has_box"])
+
+
+@pytest.mark.parametrize(
+    ("rows", "template", "system_prompt", "asks"),
+    [
+        ([{"prompt": "What is 3 + 4?"}], "none", None, False),  # the built-in arithmetic
+        ([{"prompt": "What is 3 + 4?"}], "qwen_math", None, True),  # the template asks
+        ([{"prompt": "What is 3 + 4?"}], "none", "Answer in \\boxed{}.", True),
+        ([{"prompt": "x", "system_prompt": "put it in \\boxed{}"}], "none", None, True),
+        ([{"prompt": "x"}, {"prompt": "Put the answer in \\boxed{}."}], "none", None, True),
+        ([], "qwen_math", None, False),  # no rows: nothing is asked
+    ],
+)
+def test_asks_for_boxed(rows, template, system_prompt, asks) -> None:
+    from rlvr.data.templates import asks_for_boxed
+
+    assert asks_for_boxed(rows, template, None, system_prompt) is asks
+
+
 def test_grad_norm_zero_stops_after_window_but_skipped_steps_do_not_count() -> None:
     assert fired(run([{"grad_norm": 0.0}] * 5)) == [("grad_norm_zero", "stop", 4)]
     assert run([{}, {}, {"grad_norm": 0.0}, {"grad_norm": 0.0}, {}]) == []

@@ -267,3 +267,35 @@ def test_report_draws_real_runs_with_valid_images(
     assert "train.lr" in page  # the config difference between the two runs
     first = read_samples(healthy, list_sample_steps(healthy)[0])[0]
     assert html.escape(first["response"], quote=True) in page
+
+
+@pytest.mark.parametrize(("template", "fires"), [("none", False), ("qwen_math", True)])
+def test_has_boxed_is_checked_only_where_the_prompts_ask_for_a_box(
+    tiny_model_dir: Path, tmp_path: Path, template: str, fires: bool
+) -> None:
+    """The demo's first warning: the arithmetic task ("What is 3 + 4?") never asks for a box, so
+    a has_boxed of 0 says nothing; under qwen_math ("put your final answer within \\boxed{}")
+    the same 0 is the format lost. The tiny random model never writes a box, so has_boxed is 0
+    at every step and the rule (made a stop to show in the exit code) fires at step 1 exactly
+    where it applies."""
+    args = tiny(
+        tiny_model_dir,
+        tmp_path,
+        template,
+        f"data.template={template}",
+        "health.warmup_steps=0",
+        "health.has_boxed.action=stop",
+        "train.max_steps=2",
+        "eval.before_after=false",
+    )
+    code = main(["train", *args])
+    run = tmp_path / template
+    assert [m["has_boxed"] for m in read_metrics(run)] == ([0.0] if fires else [0.0, 0.0])
+    if fires:
+        assert code == 3
+        stop = json.loads((run / "health.json").read_text())["stopped_by"]
+        assert (stop["rule"], stop["step"]) == ("has_boxed", 1)
+    else:
+        assert code == 0
+        events = json.loads((run / "health.json").read_text())["events"]  # truncation warns
+        assert "has_boxed" not in [e["rule"] for e in events]

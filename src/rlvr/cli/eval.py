@@ -168,6 +168,9 @@ def _out_path(args: argparse.Namespace, source) -> Path:
 
 def run_eval(args: argparse.Namespace) -> int:
     """`rlvr eval`: load, evaluate every set in every mode, write the JSON, print the table."""
+    from rlvr.offline import go_offline_if_unreachable
+
+    go_offline_if_unreachable()  # before the hub libraries are imported (rlvr.offline)
     from rlvr.config import load_config
     from rlvr.data.rows import reward_specs
     from rlvr.eval.engine import evaluate_config_sets

@@ -14,6 +14,7 @@ examples:
   rlvr train algo.objective=maxent_listwise algo.maxent.tau=0.5
   rlvr train -c run.yaml --dry-run              # the plan, checked; no weights loaded
   rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
+  rlvr train -c run.yaml train.run_name=r1 --resume auto  # first start and every requeue alike
   rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
   rlvr preflight -c run.yaml --nproc 8          # the LR schedule, the memory plan, their checks
   rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
@@ -21,7 +22,9 @@ examples:
   rlvr data prepare --input raw.jsonl --out data/ --splits train=1000,test=200
   rlvr doctor                                   # what is installed and usable here
 
-exit codes: 0 ok, 1 error, 2 bad config or input, 3 stopped by the health gate
+exit codes: 0 ok, 1 error, 2 bad config or input, 3 stopped by the health gate,
+  4 preempted (SIGTERM/SIGUSR1, train.stop_signals: the last finished step checkpointed),
+  130 interrupted (Ctrl-C)
 """
 
 
@@ -41,7 +44,10 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from rlvr.offline import go_offline_if_unreachable
+
     cfg = _train_config(args)
+    go_offline_if_unreachable()  # before the hub libraries are imported (rlvr.offline)
     if args.dry_run:
         from rlvr.training.preflight.dry_run import run_dry
 
@@ -49,6 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     # before torch is imported: the restart (if any) does not pay for it twice
     _start_with_allocator(args, cfg.train.allocator)
     from rlvr.telemetry.health import HealthStop
+    from rlvr.training.preempt import PREEMPTED_EXIT_CODE, Preempted
     from rlvr.training.trainer import Trainer
 
     if args.nproc > 1 and "WORLD_SIZE" not in os.environ:
@@ -69,6 +76,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 3
+    except Preempted:
+        return PREEMPTED_EXIT_CODE  # the trainer said where the checkpoint is
     finally:
         shutdown()
     return 0
@@ -114,6 +123,10 @@ def _train_config(args: argparse.Namespace):
     from rlvr.config import ConfigError, load_config
 
     path = args.config
+    if args.resume == "auto":  # the run named by the config, if it has started; else fresh
+        cfg = load_config(path, args.overrides)
+        cfg.train.resume = "auto"
+        return cfg
     if args.resume:
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
@@ -132,6 +145,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
+    from rlvr.offline import go_offline_if_unreachable
+
+    go_offline_if_unreachable()
     from rlvr.config import load_config
     from rlvr.data.rows import load_rows_for
     from rlvr.training.preflight.checks import config_problems
@@ -207,8 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument(
         "--resume",
-        metavar="RUN_DIR",
-        help="continue RUN_DIR from its newest complete checkpoint (its config.yaml, then overrides)",
+        metavar="RUN_DIR|auto",
+        help="continue RUN_DIR from its newest complete checkpoint (its config.yaml, then "
+        "overrides); auto: the run train.run_name names, from its newest complete checkpoint "
+        "if it has one, else from the start (one command line for a job and its requeues)",
     )
     p.add_argument(
         "--nproc",

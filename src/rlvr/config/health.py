@@ -55,7 +55,8 @@ class RewardStuckRule(_Rule):
 
 
 class HasBoxedRule(_Rule):
-    """``has_boxed`` below a floor or falling; checked only on steps that log ``has_boxed``."""
+    """``has_boxed`` below a floor or falling; checked only on steps that log ``has_boxed``, in
+    runs whose prompts ask for a boxed answer (``rlvr.data.templates.asks_for_boxed``)."""
 
     min_value: float = Field(
         0.5, ge=0.0, le=1.0, description="Fire when the fraction with \\boxed{} is below this."
@@ -72,8 +73,8 @@ class HasBoxedRule(_Rule):
     action: Action = Field(
         "warn",
         description=(
-            "Default warn: the built-in arithmetic task asks for no box at all, and a "
-            "reward that also accepts the last number still learns without boxes."
+            "Default warn: a reward that also accepts the last number still learns without "
+            "boxes. Never checked where no prompt asks for a box (the built-in arithmetic)."
         ),
     )
 

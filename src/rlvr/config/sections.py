@@ -306,6 +306,16 @@ class TrainConfig(Section):
         None,
         description="'auto' (newest complete checkpoint of run_name, if any) or a run directory.",
     )
+    stop_signals: list[Literal["SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP"]] = Field(
+        ["SIGTERM", "SIGUSR1"],
+        description="Signals that stop a run like Ctrl-C plus a checkpoint of the last finished "
+        "step, status 'preempted', exit code 4 (a cluster's preemption; [] keeps their defaults).",
+    )
+    stop_grace_s: float = Field(
+        60.0,
+        ge=0,
+        description="An update under way when a stop signal comes may finish in this (0: none).",
+    )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
     allocator: Literal["auto", "tcmalloc", "jemalloc", "system"] = Field(
         "auto",

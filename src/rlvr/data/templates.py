@@ -60,3 +60,17 @@ def render_rows(
         for r in rows
     ]
     return texts, [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+def asks_for_boxed(
+    rows: list[dict], template: str, tokenizer=None, system_prompt: str | None = None
+) -> bool:
+    """Whether the prompts ask for a boxed answer (``\\boxed{}``): the template (qwen_math, or a
+    chat template's default system prompt), the configured system prompt, or any row's own
+    prompt or system prompt. A task that never asks for a box (the built-in arithmetic) cannot
+    lose the box format, so the health gate's ``has_boxed`` rule does not apply to it."""
+    texts = [system_prompt or ""]
+    texts += [f"{r.get('prompt', '')} {r.get('system_prompt') or ''}" for r in rows]
+    if rows:  # the template's own words, for a question with none of its own
+        texts.append(render_prompt(template, "", tokenizer, system_prompt))
+    return any("boxed" in str(t) for t in texts)

@@ -275,7 +275,10 @@ def _die_with_parent(parent_pid: int) -> None:
             time.sleep(0.5)
 
     threading.Thread(target=watchdog, daemon=True).start()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C and a cluster's stop signals reach the whole process group; the parent closes its
+    # workers when it stops (and PR_SET_PDEATHSIG ends them if it dies), so they wait for it.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _child_main() -> None:

@@ -77,8 +77,13 @@ def free_port(host: str) -> int:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """A port in use would let the health check reach some other server, not the one started."""
+    """A port in use would let the health check reach some other server, not the one started.
+
+    Bound with SO_REUSEADDR, as the server itself binds (vLLM's api_server, uvicorn): a port
+    whose only sockets are a previous run's connections in TIME_WAIT is free to it, while a
+    port another socket listens on is still refused (Linux shares no listening port)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:

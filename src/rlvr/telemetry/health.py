@@ -14,6 +14,8 @@ Semantics (the same for every rule):
 - Steps with ``step < warmup_steps`` are ignored entirely; windows start counting after warm-up.
 - A rule whose metric is missing (or NaN) on a step leaves its state unchanged that step; the
   ``has_boxed`` rule, for example, never fires on a task that does not log ``has_boxed``.
+- A rule that cannot apply to the run is not checked at all: ``has_boxed`` only where the
+  prompts ask for a boxed answer (``rlvr.data.templates.asks_for_boxed``).
 - "Stuck" rules fire when their condition has held on ``window`` consecutive checked steps.
 - Rules are edge-triggered: a rule fires once when its condition starts to hold and again only
   after the condition has cleared on some step and come back. A warning that holds for 100 steps
@@ -100,9 +102,17 @@ def first_stop(events: Iterable[HealthEvent]) -> HealthEvent | None:
 class HealthGate:
     """Stateful checker; call :meth:`check` once per step with that step's metrics dict."""
 
-    def __init__(self, cfg: HealthConfig | None = None) -> None:
+    def __init__(
+        self, cfg: HealthConfig | None = None, *, not_applicable: Iterable[str] = ()
+    ) -> None:
+        """``not_applicable``: rules that cannot apply to this run and are never checked (the
+        trainer names ``has_boxed`` when no prompt asks for a boxed answer)."""
         self.cfg = cfg if cfg is not None else HealthConfig()
-        self._checks = [rule(self.cfg) for rule in ALL_RULES]
+        skip = set(not_applicable)
+        unknown = skip - set(RULE_NAMES)
+        if unknown:
+            raise ValueError(f"unknown health rules {sorted(unknown)}; known: {RULE_NAMES}")
+        self._checks = [rule(self.cfg) for rule in ALL_RULES if rule.rule not in skip]
         self._active: set[str] = set()
         self.events: list[HealthEvent] = []
 

@@ -11,19 +11,18 @@ from pathlib import Path
 
 from rlvr.checkpoint.full import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.checkpoint.sharded import restore_sharded_checkpoint, save_sharded_checkpoint
+from rlvr.data.templates import asks_for_boxed
 from rlvr.distributed import barrier, full_state_dict
 from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.model.loading import save_model_folder
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.telemetry.health import (
-    HEALTH_EVENTS_FILE,
-    HEALTH_FILE,
-)
+from rlvr.telemetry.health import HEALTH_EVENTS_FILE, HEALTH_FILE, HealthGate
 from rlvr.telemetry.samples import list_sample_steps, samples_path
 from rlvr.telemetry.sinks import read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE
 from rlvr.training.memory import memory_lines
+from rlvr.training.preempt import Preempted, StopSignals
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step import Step, sync_engine
@@ -52,6 +51,14 @@ def save_final(run: Run) -> Path:
     return save_model_folder(  # a VLM's processor saves its tokenizer with it
         model, run.processing, final, state_dict=state, replace=True
     )
+
+
+def health_gate(run: Run) -> HealthGate:
+    """The run's health gate, without the rules that cannot apply to it: ``has_boxed`` only
+    where the prompts ask for a boxed answer (a task that never asks cannot lose the format)."""
+    d = run.cfg.data
+    boxed = asks_for_boxed(run.train_rows, d.template, run.tokenizer, d.system_prompt)
+    return HealthGate(run.cfg.health, not_applicable=() if boxed else ("has_boxed",))
 
 
 def postfix(m: dict) -> dict:
@@ -148,6 +155,36 @@ def interrupt_note(run_dir: Path) -> str:
         f"{why}; newest complete checkpoint: step {latest.step}, resume with "
         f"`rlvr train --resume {run_dir}`"
     )
+
+
+def save_on_stop(
+    run: Run,
+    state: TrainState,
+    step: Step,
+    evaluator: InTrainingEvaluator | None,
+    stop: Preempted,
+    stops: StopSignals,
+) -> str:
+    """The checkpoint of the last finished step when a stop signal ends the run (written unless
+    a periodic save already wrote it); returns what status.json and the terminal say of it."""
+    if stop.half_updated:
+        why = (
+            f"no checkpoint written: the update under way did not finish within "
+            f"train.stop_grace_s={run.cfg.train.stop_grace_s:g}"
+        )
+        latest = latest_checkpoint(run.run_dir)
+        return f"{why}; newest complete checkpoint: " + (
+            f"step {latest.step}" if latest else "none"
+        )
+    if stop.abandoned:
+        stops.rewind(state)  # the abandoned rollout drew prompts and random numbers
+    if state.step == 0 or evaluator is None:
+        return "no checkpoint needed: no step had finished"
+    latest = latest_checkpoint(run.run_dir)
+    if latest is None or latest.step != state.step:
+        save(run, state, step, evaluator)
+        latest = latest_checkpoint(run.run_dir)
+    return f"checkpoint of step {state.step}: {latest.path if latest else '?'}"
 
 
 def sample_records(batch: RolloutBatch) -> list[dict]:

@@ -8,6 +8,7 @@ the run loop owns, and never branches on the objective (the objective's methods 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import time
@@ -68,6 +69,8 @@ class Step:
             if run.cfg.rollout.max_staleness > 0
             else None
         )
+        # around the update: the trainer's stop signals let an update finish (training/preempt)
+        self.update_guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     # ------------------------------------------------------------------ the lookahead's life
     def state_dict(self) -> dict:
@@ -109,7 +112,8 @@ class Step:
         lr = self.state.scheduler.get_last_lr()[0]
         diffs = timed("time_logprobs", self.logprobs, batch, times)
         metrics.update(timed("time_prepare", self.prepare, batch))
-        update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.run)
+        with self.update_guard():
+            update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.run)
         metrics.update(update_metrics)
         metrics.update(self._trust_stats(diffs + more_diffs))
         if self._ahead is not None:  # never swap weights under a generation in flight

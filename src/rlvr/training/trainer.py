@@ -26,13 +26,14 @@ from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.telemetry.health import HealthGate, HealthStop, first_stop, write_health
+from rlvr.telemetry.health import HealthStop, first_stop, write_health
 from rlvr.telemetry.keys import MEMORY_PLAN_KEY
 from rlvr.telemetry.samples import write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics
 from rlvr.telemetry.spikes import SpikeLog
 from rlvr.training.loop import (
     fmt_eval,
+    health_gate,
     interrupt_note,
     postfix,
     print_summary,
@@ -40,9 +41,11 @@ from rlvr.training.loop import (
     sample_records,
     save,
     save_final,
+    save_on_stop,
     write_status,
 )
 from rlvr.training.memory import GIB, MemoryMeter, compare
+from rlvr.training.preempt import Preempted, StopSignals
 from rlvr.training.setup import Run, setup_run
 from rlvr.training.step import Step, sync_engine
 
@@ -99,9 +102,14 @@ class Trainer:
         """Train for ``train.max_steps`` steps with evaluations around them; returns the summary.
 
         Resumes from ``run.resume_from`` when the run names a checkpoint; writes ``status.json``
-        (running, then finished, interrupted, stopped_by_health or failed)."""
+        (running, then finished, interrupted, preempted, stopped_by_health or failed)."""
         run, state, cfg = self.run, self.state, self.cfg
         run_dir, main = run.run_dir, run.dist.is_main
+        # a step may be abandoned before its update only where no other rank waits on it and
+        # no batch ahead was drawn (see training/preempt)
+        alone = not run.dist.enabled and cfg.rollout.max_staleness == 0
+        stops = StopSignals(cfg.train.stop_signals, cfg.train.stop_grace_s, abandon=alone)
+        self.step_fn.update_guard = stops.updating
         try:
             extra, self.history = resume(run, state, self.step_fn)
         except BaseException:
@@ -114,7 +122,7 @@ class Trainer:
             wandb_project=cfg.logging.wandb_project,
             run_name=run_dir.name,
         )
-        gate = HealthGate(cfg.health)
+        gate = health_gate(run)
         for m in self.history:  # a resumed run: bring the gate's streak counters back
             gate.check(m["step"], m)
         if gate.events:
@@ -130,6 +138,8 @@ class Trainer:
             {MEMORY_PLAN_KEY: plan.peak / GIB} if plan is not None and not state.step else {}
         )
         t_run = time.perf_counter()
+        evaluator = None
+        stops.install()
         try:
             evaluator = InTrainingEvaluator(
                 cfg,
@@ -166,6 +176,7 @@ class Trainer:
                 dynamic_ncols=True,
             )
             for _ in bar:
+                stops.begin_step(state)
                 metrics = self.train_step()
                 state.step += 1  # the one place the step counter moves
                 step = state.step
@@ -206,6 +217,9 @@ class Trainer:
                     tqdm.write(f"[rlvr] early stop at step {step}: {evaluator.stop_reason}")
                     summary["early_stop"] = evaluator.stop_reason
                     break
+                signum = stops.requested(run.dist)  # every rank, at the same step
+                if signum is not None:
+                    raise Preempted(signum)
             summary["final_model"] = str(save_final(run))
             summary["wall_time_s"] = time.perf_counter() - t_run
             summary["steps"] = state.step
@@ -217,6 +231,19 @@ class Trainer:
             return summary
         except HealthStop as stop:
             write_status(run_dir, "stopped_by_health", rule=stop.event.rule)
+            raise
+        except Preempted as stop:
+            note = save_on_stop(run, state, self.step_fn, evaluator, stop, stops)
+            write_status(
+                run_dir, "preempted", signal=stop.signal_name, step=state.step, checkpoint=note
+            )
+            if main:
+                print(
+                    f"\n[rlvr] preempted by {stop.signal_name} after step {state.step}: {note}; "
+                    "continue with the same command and `--resume auto`",
+                    file=sys.stderr,
+                    flush=True,
+                )
             raise
         except KeyboardInterrupt:
             note = interrupt_note(run_dir)
@@ -232,6 +259,7 @@ class Trainer:
             write_status(run_dir, "failed", error=f"{type(exc).__name__}: {exc}", step=state.step)
             raise
         finally:
+            stops.restore()
             logger.close()
             self.step_fn.close()
             run.close()

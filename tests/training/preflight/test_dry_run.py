@@ -157,3 +157,44 @@ def test_dry_run_counts_image_tokens_of_the_visual_task(
     assert "config problem: data.task=shapes: rows carry images but the model has no image" in out
     text_only = int(out.split("example prompt (")[1].split(" tokens")[0])
     assert with_image - text_only == 6
+
+
+def test_a_dry_run_with_no_route_to_the_hub_goes_offline_at_once(tmp_path: Path) -> None:
+    """A compute node without internet: the hub endpoint refuses connections (a closed port on
+    127.0.0.1). The run probes it once, says it works offline, and no hub call waits out its
+    retries ("Retrying in 1s ... 8s", over a minute in all before). Data that could not be read
+    gives no epoch count (it printed "= 64000.00 epochs" over 0 rows)."""
+    import os
+    import subprocess
+    import sys
+
+    from rlvr.rollout.server_launch import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_OFFLINE")}
+    env.pop("RLVR_HUB_PROBED", None)
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"))  # an empty cache
+    argv = [
+        "train",
+        "--dry-run",
+        "model.name_or_path=someone/not-cached-model",
+        "data.task=file",
+        "data.train_path=hf:someone/not-cached-data?split=train",
+        "train.max_steps=500",
+    ]
+    res = subprocess.run(
+        [sys.executable, "-m", "rlvr", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+
+    out = res.stdout + res.stderr
+    assert f"[rlvr] the Hugging Face hub ({endpoint}) is not reachable" in out, out[-3000:]
+    assert "offline for this run (HF_HUB_OFFLINE=1)" in out
+    assert "Retrying in" not in out, out[-3000:]  # no call waited for the network
+    assert "not checked: data not read" in out
+    assert "steps: 500 (epochs not known: the train rows were not read)" in out
+    assert "epochs over the train rows" not in out

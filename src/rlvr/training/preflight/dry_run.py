@@ -39,7 +39,7 @@ class Plan:
     group_size: int
     sequences_per_step: int
     tokens_per_step_max: int
-    epochs: float
+    epochs: float | None  # None: the train rows were not read (no hub, no file)
     example_prompt: str
     example_tokens: int | None
     longest_prompt_tokens: int | None
@@ -136,7 +136,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
         group_size=a.group_size,
         sequences_per_step=sequences,
         tokens_per_step_max=sequences * (d.max_prompt_tokens + cfg.rollout.max_new_tokens),
-        epochs=t.max_steps * a.prompts_per_step / max(1, len(train)),
+        epochs=t.max_steps * a.prompts_per_step / len(train) if train else None,
         example_prompt=example,
         example_tokens=example_tokens,
         longest_prompt_tokens=longest,
@@ -166,7 +166,9 @@ def format_plan(cfg: Config, plan: Plan) -> str:
             f"(data.max_prompt_tokens={d.max_prompt_tokens})"
         )
     lines += [
-        f"steps: {plan.steps} (= {plan.epochs:.2f} epochs over the train rows)",
+        f"steps: {plan.steps} (= {plan.epochs:.2f} epochs over the train rows)"
+        if plan.epochs is not None
+        else f"steps: {plan.steps} (epochs not known: the train rows were not read)",
         f"prompts/step: {plan.prompts_per_step}; group size: {plan.group_size}; "
         f"samples/step: {plan.sequences_per_step}",
         f"tokens/step <= {plan.tokens_per_step_max} (= {plan.sequences_per_step} x "
