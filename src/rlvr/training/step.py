@@ -23,7 +23,7 @@ from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
-from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.dynamic_sampling import assemble, count_informative
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
@@ -220,18 +220,20 @@ class Step:
 
     def fill(self, first: RolloutBatch, timed) -> tuple[RolloutBatch, dict]:
         """DAPO dynamic sampling (`rlvr.training.dynamic_sampling`): more rounds of fresh prompts
-        until this rank holds as many informative groups as it draws per round, at most
+        until this rank holds as many informative groups (``algo.dynamic_sampling_metric``) as it
+        draws per round, at most
         ``algo.dynamic_sampling_max_rounds`` rounds; every rank draws while any one is short
         (generation and scoring are collective)."""
         need, rounds = len(first.prompt_ids), [first]
+        metric = self.cfg.algo.dynamic_sampling_metric
         while len(rounds) < self.cfg.algo.dynamic_sampling_max_rounds:
-            have = sum(sum(informative_groups(b.scores, b.valid)) for b in rounds)
+            have = count_informative(rounds, metric)
             if not all_reduce_sum([float(have < need)], self.run.dist)[0]:
                 break
             batch = timed("time_rollout", self.generate, len(rounds))
             timed("time_reward", self.score, batch)
             rounds.append(batch)
-        batch, kept = assemble(rounds, need)
+        batch, kept = assemble(rounds, need, metric)
         metrics = self._global_rollout_metrics(batch)
         if self.cfg.reward.overlong_buffer > 0:  # the kept sequences' penalty (already applied)
             pen = self._overlong_penalties(batch)
