@@ -37,6 +37,7 @@ from rlvr.algorithms.psgrpo import dense_step_advantages, psgrpo_step_advantages
 from rlvr.algorithms.sequence_losses import (
     cispo_loss,
     gspo_loss,
+    gspo_token_loss,
     overlong_penalty,
     truncated_is_weights,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "aggregate_denominator",
     "gae_advantages",
     "gspo_loss",
+    "gspo_token_loss",
     "group_advantages",
     "kl_estimate",
     "last_token_rewards",

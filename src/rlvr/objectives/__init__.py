@@ -7,6 +7,7 @@ from rlvr.objectives import (  # noqa: F401  (each registers itself)
     cispo,
     group,
     gspo,
+    gspo_token,
     maxent,
     ppo,
     prm_dense,
