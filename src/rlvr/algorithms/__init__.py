@@ -34,6 +34,7 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import dense_step_advantages, psgrpo_step_advantages
+from rlvr.algorithms.rollout_correction import rollout_correction_weights
 from rlvr.algorithms.sequence_losses import (
     cispo_loss,
     gspo_loss,
@@ -66,6 +67,7 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "ratio_stats",
+    "rollout_correction_weights",
     "psgrpo_step_advantages",
     "sequence_logp",
     "truncated_is_weights",

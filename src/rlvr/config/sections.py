@@ -142,7 +142,7 @@ class RolloutConfig(Section):
         ge=0,
         le=1,
         description="1: the next step's batch is generated from the policy before this step's "
-        "update (overlapped with it in rollout.mode=server); pair with algo.tis_cap. 0: on-policy.",
+        "update (overlapped with it in rollout.mode=server); pair with algo.rollout_correction (or algo.tis_cap). 0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(
