@@ -41,3 +41,13 @@ def reply_checksum(prompt, response, reference, **row):
     import zlib
 
     return zlib.crc32(response.encode()) % 1000 / 1000
+
+
+def checksum_never_correct(prompt, response, reference, **row):
+    """A score that differs between replies (a checksum in [0, 1)) from a verifier that calls
+    every reply wrong: groups differ in score but never in accuracy."""
+    import zlib
+
+    from rlvr.rewards.base import RewardResult
+
+    return RewardResult(zlib.crc32(response.encode()) % 1000 / 1000, {"correct": 0.0})

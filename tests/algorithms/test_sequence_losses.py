@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from rlvr.algorithms.sequence_losses import overlong_penalty, truncated_is_weights
@@ -132,3 +133,66 @@ def test_cispo_loss_denominator_is_weights_and_no_lower_bound():
     assert abs(float(loss.detach()) - math.log(2) / 4) < 1e-6
     assert torch.allclose(logp.grad, torch.tensor([[-0.25]]))
     assert st["cispo_clip_frac"] == 0.0
+
+
+def test_gspo_token_loss_and_gradient_by_hand():
+    from rlvr.algorithms.sequence_losses import gspo_token_loss
+
+    # seq 0: log-ratios [0.1, 0.3] -> s0 = e^0.2 = 1.2214 (above 1 + 0.1); token advantages [1, -1]
+    #   token 0: min(1.2214 * 1, 1.1 * 1) = 1.1, clipped: no gradient
+    #   token 1: min(-1.2214, -1.1) = -1.2214, unclipped: d/d logp = -s0
+    #   sequence mean (1.1 - 1.2214) / 2
+    # seq 1: log-ratio [-0.2] (+ padding) -> s1 = e^-0.2 = 0.8187 (below 0.9); advantage [2]
+    #   min(0.8187 * 2, 0.9 * 2) = 1.6375, unclipped: d/d logp = 2 s1
+    # loss = -((1.1 - e^0.2) / 2 + 2 e^-0.2) / 2
+    # gradient: [0, -(1/2)(1/2)(-e^0.2)] and [-(1/2)(2 e^-0.2), 0]
+    s0, s1 = math.exp(0.2), math.exp(-0.2)
+    logp = torch.tensor([[0.1, 0.3], [-0.2, float("nan")]], requires_grad=True)
+    adv = torch.tensor([[1.0, -1.0], [2.0, 0.0]])
+    loss, st = gspo_token_loss(
+        logp, torch.zeros(2, 2), adv, torch.tensor([[1, 1], [1, 0]]), 0.1, 0.1
+    )
+    assert float(loss.detach()) == pytest.approx(-((1.1 - s0) / 2 + 2 * s1) / 2, rel=1e-6)
+    loss.backward()
+    expected = torch.tensor([[0.0, s0 / 4], [-s1, 0.0]])
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+    assert st["seq_clip_frac"] == 1.0
+    assert (st["seq_ratio_min"], st["seq_ratio_max"]) == pytest.approx((s1, s0))
+
+
+def test_gspo_token_equals_gspo_with_sequence_advantages():
+    """Section 4.3: with every token given its sequence's advantage, GSPO-token's value and
+    gradient are GSPO's (with a denominator, as the micro-batched update calls them)."""
+    from rlvr.algorithms.sequence_losses import gspo_loss, gspo_token_loss
+
+    torch.manual_seed(0)
+    old = torch.randn(3, 4) * 0.1
+    base = old + torch.randn(3, 4) * 0.05
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    adv = torch.tensor([0.7, -1.3, 0.4])
+    grads = []
+    for fn, a in ((gspo_loss, adv), (gspo_token_loss, adv[:, None].expand(3, 4))):
+        logp = base.clone().requires_grad_(True)
+        loss, _ = fn(logp, old, a, mask, 0.02, 0.03, denominator=5)
+        loss.backward()
+        grads.append((float(loss), logp.grad))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-7)
+
+
+def test_gspo_token_loss_weights_each_token_term():
+    from rlvr.algorithms.sequence_losses import gspo_token_loss
+
+    # ratios all 1 (logp == old): loss = -mean over the one sequence of w_t * A_t
+    # = -(0.5 * 2 + 0 * 4) / 2 = -0.5
+    logp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = gspo_token_loss(
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([[2.0, 4.0]]),
+        torch.ones(1, 2),
+        3e-4,
+        4e-4,
+        is_weights=torch.tensor([[0.5, 0.0]]),
+    )
+    assert float(loss.detach()) == pytest.approx(-0.5)

@@ -3,18 +3,22 @@ algo.prompts_per_step groups whose rewards differ."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_train_e2e import tiny_config
 
+from rlvr.algorithms import overlong_penalty
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import Completion
-from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.dynamic_sampling import assemble, filter_values, informative_groups
 from rlvr.training.preflight.checks import config_problems
 from rlvr.training.trainer import Trainer
 
 
-def _scored(name: str, scores: list[list[float]]) -> RolloutBatch:
+def _scored(
+    name: str, scores: list[list[float]], correct: list[list[float]] | None = None
+) -> RolloutBatch:
     p, g = len(scores), len(scores[0])
     groups = [[Completion(i, [1], [0.0], f"{name}{i}", "stop") for _ in range(g)] for i in range(p)]
     flat = [x for row in scores for x in row]
@@ -25,7 +29,10 @@ def _scored(name: str, scores: list[list[float]]) -> RolloutBatch:
         groups,
         g,
     )
-    b.rewards = BatchRewards(flat, [{}] * len(flat), [True] * len(flat), [f"fail-{name}"])
+    infos = (
+        [{}] * len(flat) if correct is None else [{"correct": c} for row in correct for c in row]
+    )
+    b.rewards = BatchRewards(flat, infos, [True] * len(flat), [f"fail-{name}"])
     b.scores = torch.tensor(scores)
     b.valid = torch.ones(p, g, dtype=torch.bool)
     return b
@@ -52,7 +59,52 @@ def test_assemble_keeps_informative_groups_then_fills():
     assert kept == 2 and [r["id"] for r in batch.rows] == ["a0", "a1", "b0"]
 
 
-def _run(tiny_model_dir, tmp_path, reward: str, rounds: int):
+def test_an_all_correct_group_of_different_lengths_is_not_informative():
+    """recipes/dapo.yaml: max 20,480 tokens, overlong buffer 4,096 (the penalty starts at 16,384).
+    Four correct replies of 100 / 19,000 / 20,000 / 500 tokens score 1, 1 - 2616/4096,
+    1 - 3616/4096, 1: different scores, one accuracy. DAPO filters on accuracy, so with one group
+    to keep, the mixed group a1 (one of four right) wins over a0; filtering on the
+    shaped score (the old behaviour) kept a0, the first drawn."""
+    pen = overlong_penalty(
+        torch.tensor([[100, 19_000, 20_000, 500], [50, 60, 70, 80]]), 20_480, 4096
+    )
+    assert pen[0].tolist() == pytest.approx([0.0, -2616 / 4096, -3616 / 4096, 0.0])
+    correct = [[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]]
+    a = _scored("a", (torch.tensor(correct) + pen).tolist(), correct)
+    assert informative_groups(a.scores, a.valid) == [True, True]  # the shaped scores differ
+    assert informative_groups(filter_values(a, "accuracy"), a.valid) == [False, True]
+    batch, kept = assemble([a], 1)  # the default metric: accuracy
+    assert (kept, [r["id"] for r in batch.rows]) == (1, ["a1"])
+    batch, kept = assemble([a], 1, "score")
+    assert (kept, [r["id"] for r in batch.rows]) == (1, ["a0"])
+
+
+def test_accuracy_falls_back_to_the_unshaped_score_without_a_correct_info():
+    # no 'correct' info: the reward's own scores (rewards.scores) decide, not batch.scores, which
+    # here carries a penalty that makes group 0 differ
+    a = _scored("a", [[0.5, 0.5], [0.0, 1.0]])
+    a.scores = torch.tensor([[0.5, 0.2], [0.0, 1.0]])
+    assert filter_values(a, "accuracy").tolist() == [[0.5, 0.5], [0.0, 1.0]]
+    assert informative_groups(filter_values(a, "accuracy"), a.valid) == [False, True]
+
+
+def test_accuracy_and_score_disagree_in_the_loop(tiny_model_dir, tmp_path):
+    """A reward whose score differs between replies but whose verifier calls them all wrong:
+    filtering on accuracy finds no informative group in 3 rounds, filtering on score keeps 4
+    groups from the first round."""
+    m, _ = _run(tiny_model_dir, tmp_path / "acc", "checksum_never_correct", 3)
+    assert (m["ds_rounds"], m["ds_prompts_kept"]) == (3.0, 0.0)
+    m, _ = _run(
+        tiny_model_dir,
+        tmp_path / "score",
+        "checksum_never_correct",
+        3,
+        "algo.dynamic_sampling_metric=score",
+    )
+    assert (m["ds_rounds"], m["ds_prompts_kept"]) == (1.0, 4.0)
+
+
+def _run(tiny_model_dir, tmp_path, reward: str, rounds: int, *extra: str):
     cfg = tiny_config(
         tiny_model_dir,
         tmp_path,
@@ -61,6 +113,7 @@ def _run(tiny_model_dir, tmp_path, reward: str, rounds: int):
         f"algo.dynamic_sampling_max_rounds={rounds}",
         "train.max_steps=1",
         "eval.before_after=false",
+        *extra,
     )
     trainer = Trainer(cfg)
     m = trainer.train_step()
@@ -99,7 +152,7 @@ def test_the_dapo_recipe_validates_with_the_paper_settings():
     cfg = load_config(str(Path(__file__).resolve().parents[2] / "recipes" / "dapo.yaml"), [])
     a, r = cfg.algo, cfg.reward
     assert (a.objective, a.clip_low, a.clip_high, a.loss_agg) == ("grpo", 0.2, 0.28, "token_mean")
-    assert a.dynamic_sampling and a.beta == 0.0
+    assert a.dynamic_sampling and a.beta == 0.0 and a.dynamic_sampling_metric == "accuracy"
     assert r.overlong_buffer / cfg.rollout.max_new_tokens == 4096 / 20480
     assert config_problems(cfg) == []
 

@@ -34,9 +34,11 @@ from rlvr.algorithms.maxent import (
     sequence_logp,
 )
 from rlvr.algorithms.psgrpo import dense_step_advantages, psgrpo_step_advantages
+from rlvr.algorithms.rollout_correction import rollout_correction_weights
 from rlvr.algorithms.sequence_losses import (
     cispo_loss,
     gspo_loss,
+    gspo_token_loss,
     overlong_penalty,
     truncated_is_weights,
 )
@@ -55,6 +57,7 @@ __all__ = [
     "aggregate_denominator",
     "gae_advantages",
     "gspo_loss",
+    "gspo_token_loss",
     "group_advantages",
     "kl_estimate",
     "last_token_rewards",
@@ -64,6 +67,7 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "ratio_stats",
+    "rollout_correction_weights",
     "psgrpo_step_advantages",
     "sequence_logp",
     "truncated_is_weights",

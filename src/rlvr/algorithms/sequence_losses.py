@@ -1,4 +1,4 @@
-"""Sequence-level shaping, importance sampling and the GSPO / CISPO losses.
+"""Sequence-level shaping, importance sampling and the GSPO / GSPO-token / CISPO losses.
 
 Token tensors are ``[N, T]`` with a 0/1 ``mask``; masked positions never reach a value or a
 gradient (padding log-probs may be NaN). ``denominator`` replaces a loss's own count so that a
@@ -104,6 +104,64 @@ def gspo_loss(
         sd = s[rows]
         if sd.numel() == 0:
             sd = s.new_ones(1)
+        out = (sd < 1.0 - clip_low) | (sd > 1.0 + clip_high)
+        values = torch.stack([sd.mean(), sd.min(), sd.max(), out.to(sd.dtype).mean()]).tolist()
+    keys = ("seq_ratio_mean", "seq_ratio_min", "seq_ratio_max", "seq_clip_frac")
+    return loss, dict(zip(keys, values, strict=True))
+
+
+def gspo_token_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    *,
+    denominator: float | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO-token (arXiv 2507.18071, section 4.3, eq. 13-14): token advantages with the sequence
+    ratio. Per token ``s_it = sg[s_i] * pi(y_it) / sg[pi(y_it)]``: its value is the sequence ratio
+    ``s_i = exp(mean_t (logp - old_logp))``, its gradient ``s_i * grad log pi(y_it)``;
+    loss = -sum_i (1/|y_i|) sum_t min(s_it A_it, clip(s_it, 1 - clip_low, 1 + clip_high) A_it) / D.
+
+    D is the number of sequences with a valid token (``denominator`` replaces it). With every
+    token of a sequence given its sequence's advantage, value and gradient equal `gspo_loss`'s.
+    ``advantages`` ``[N]`` or ``[N, T]`` constants; ``is_weights`` optional ``[N, T]`` constants
+    multiplying each token's term (rollout correction). Stats as `gspo_loss`.
+    """
+    require_tensor("advantages", advantages)
+    adv_flat = advantages if advantages.dim() != 2 else advantages[:, 0]
+    m = _check_inputs(
+        logp, old_logp, adv_flat, mask, clip_low, clip_high, denominator, allow_low_one=False
+    )
+    if advantages.dim() == 2:
+        require_same_shape(logp=logp, advantages=advantages)
+        adv = advantages
+    else:
+        adv = advantages[:, None].expand_as(logp)
+    zeros = torch.zeros_like(logp)
+    lp = torch.where(m, logp, zeros)
+    n_tok = m.sum(-1)
+    rows = n_tok > 0
+    log_s = torch.where(m, logp - old_logp.detach(), zeros).sum(-1) / n_tok.clamp(min=1)
+    # value s_i on every token, gradient through the token's own log-prob only
+    s_tok = torch.exp(log_s.detach()[:, None] + lp - lp.detach())
+    a = torch.where(m, adv.detach().to(logp.dtype), zeros)
+    clipped = s_tok.clamp(1.0 - clip_low, 1.0 + clip_high)
+    per_tok = -torch.minimum(s_tok * a, clipped * a)
+    if is_weights is not None:
+        require_same_shape(logp=logp, is_weights=is_weights)
+        per_tok = per_tok * torch.where(m, is_weights.detach().to(logp.dtype), zeros)
+    per_tok = torch.where(m, per_tok, zeros)
+    per_seq = per_tok.sum(-1) / n_tok.clamp(min=1).to(logp.dtype)
+    d = denominator if denominator is not None else rows.sum().clamp(min=1).to(logp.dtype)
+    loss = per_seq.sum() / d
+    with torch.no_grad():
+        sd = torch.exp(log_s)[rows]
+        if sd.numel() == 0:
+            sd = logp.new_ones(1)
         out = (sd < 1.0 - clip_low) | (sd > 1.0 + clip_high)
         values = torch.stack([sd.mean(), sd.min(), sd.max(), out.to(sd.dtype).mean()]).tolist()
     keys = ("seq_ratio_mean", "seq_ratio_min", "seq_ratio_max", "seq_clip_frac")

@@ -6,10 +6,19 @@
     # a run checks more (objectives, rewards, data paths): rlvr.training.preflight.checks
 
 A leaf: importing this package loads pydantic and yaml, no other rlvr module. Sections are in
-`sections` (plus `eval`, `health`, `lora`, `reward`), reading in `loading`, the cross-knob checks
+`sections` (plus `algo`, `eval`, `health`, `lora`, `reward`), reading in `loading`, the cross-knob checks
 in `validate`. Unknown keys are an error that names the key and suggests the closest valid one.
 """
 
+from rlvr.config.algo import (
+    AlgoConfig,
+    GSPOTokenConfig,
+    MaxEntConfig,
+    PPOConfig,
+    PSGRPOStepsConfig,
+    RolloutCorrectionConfig,
+    TeacherConfig,
+)
 from rlvr.config.base import ConfigError, Section
 from rlvr.config.env import BUILTIN_ENVS, EnvConfig
 from rlvr.config.loading import (
@@ -22,14 +31,10 @@ from rlvr.config.loading import (
 from rlvr.config.reward import RewardConfig, RewardSpec
 from rlvr.config.sections import (
     TEMPLATES,
-    AlgoConfig,
     Config,
     DataConfig,
     LoggingConfig,
-    MaxEntConfig,
     ModelConfig,
-    PPOConfig,
-    PSGRPOStepsConfig,
     RolloutConfig,
     TrainConfig,
 )
@@ -43,6 +48,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DataConfig",
+    "GSPOTokenConfig",
     "LoggingConfig",
     "MaxEntConfig",
     "ModelConfig",
@@ -51,7 +57,9 @@ __all__ = [
     "RewardConfig",
     "RewardSpec",
     "RolloutConfig",
+    "RolloutCorrectionConfig",
     "Section",
+    "TeacherConfig",
     "TrainConfig",
     "apply_overrides",
     "config_from_dict",

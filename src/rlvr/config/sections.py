@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field
 
 from rlvr.config import validate
+from rlvr.config.algo import AlgoConfig
 from rlvr.config.base import ConfigError, Section
 from rlvr.config.env import EnvConfig
 from rlvr.config.eval import EvalConfig
@@ -143,7 +144,7 @@ class RolloutConfig(Section):
         ge=0,
         le=1,
         description="1: the next step's batch is generated from the policy before this step's "
-        "update (overlapped with it in rollout.mode=server); pair with algo.tis_cap. 0: on-policy.",
+        "update (overlapped with it in rollout.mode=server); pair with algo.rollout_correction (or algo.tis_cap). 0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(
@@ -177,111 +178,6 @@ class RolloutConfig(Section):
         description="Most tokens after the prompt in one episode, model and environment turns "
         "together (env.name set); each model turn also stops at rollout.max_new_tokens.",
     )
-
-
-class MaxEntConfig(Section):
-    tau: float = Field(0.5, description="Entropy temperature tau of the listwise target.")
-    q_temperature: float = Field(2.0, description="Temperature of q = softmax(r / q_temperature).")
-    q_eps: float = Field(1e-6, description="Floor of q: q <- q (1 - K q_eps) + q_eps.")
-    length_normalize_ref: bool = True
-    length_normalize_policy: bool = True
-    skip_zero_variance_groups: bool = True
-    use_clip_objective: bool = True
-    clip_objective_coef: float = 1.0
-
-
-class PPOConfig(Section):
-    value_lr: float = Field(1e-5, gt=0)
-    value_clip: float = Field(0.2, gt=0)
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    value_coef: float = Field(1.0, gt=0)
-    whiten_advantages: bool = Field(
-        True,
-        description="Whiten GAE advantages over the batch's valid tokens (verl always does, "
-        "OpenRLHF by default).",
-    )
-
-
-class PSGRPOStepsConfig(Section):
-    prm: str | None = Field(
-        None,
-        description="PRM for objectives psgrpo_steps and prm_dense: token-classification model folder or 'pkg.mod:fn'.",
-    )
-    step_pattern: str = Field(r"^Step \d+:", description="Regex (multiline) that starts a step.")
-    answer_pattern: str = Field(r"^†Answer:", description="Regex of the final answer line.")
-    tag_token: str = Field(
-        "ки", description="Token the HF PRM scores after each step (URSA style)."
-    )
-    label_index: int = 0
-
-
-class AlgoConfig(Section):
-    objective: str = Field(
-        "drgrpo", description="An objective of `rlvr.objectives.OBJECTIVES` (docs/objectives.md)."
-    )
-    group_size: int = Field(8, description="Samples per prompt (G).")
-    prompts_per_step: int = Field(
-        4, description="Prompts per rollout batch; the batch is prompts x G."
-    )
-    minibatches: int = Field(1, ge=1, description="Optimizer steps per rollout batch (per epoch).")
-    epochs_per_batch: int = Field(
-        1, ge=1, description="Passes over each rollout batch (PPO epochs)."
-    )
-    micro_batch_size: int = Field(
-        8,
-        ge=1,
-        description="Most sequences per forward/backward pass (sequences are grouped by length).",
-    )
-    micro_batch_tokens: int | None = Field(
-        None,
-        ge=1,
-        description="Most padded positions (rows x longest prompt+completion) per forward/backward "
-        "pass; caps activation memory when lengths vary. None: micro_batch_size alone.",
-    )
-    share_prompt: bool = Field(
-        True,
-        description="Run a prompt once per micro-batch for all the samples that share it (the "
-        "same logits and gradient up to rounding; fewer positions through the model, most with "
-        "long prompts and short replies). The whole pass runs anyway under gradient "
-        "checkpointing, FSDP2/DDP and for vision inputs (training/shared_prompt.py).",
-    )
-    clip_low: float = Field(0.2, ge=0.0)
-    clip_high: float = Field(
-        0.2, ge=0.0, description="Set above clip_low for clip-higher (e.g. 0.28)."
-    )
-    dual_clip: float | None = Field(None, description="Dual-clip constant c > 1, or None.")
-    # = rlvr.algorithms.LOG_RATIO_CLAMP (config imports no torch; a test keeps the two equal)
-    log_ratio_clamp: float = Field(20.0, gt=0)
-    loss_agg: str = Field(
-        "auto",
-        description="token_mean | seq_mean_token_mean | seq_mean_token_sum_norm; 'auto' picks the objective's own.",
-    )
-    beta: float = Field(0.0, ge=0.0, description="KL coefficient; > 0 loads a reference policy.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_mode: Literal["loss", "reward"] = "loss"
-    kl_target: float | None = Field(None, description="Adaptive KL target; None keeps beta fixed.")
-    kl_horizon: int = 10000
-    entropy_coef: float = 0.0
-    adv_eps: float = 1e-6
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO dynamic sampling: draw fresh prompts until the step has "
-        "prompts_per_step groups whose rewards are not all equal (arXiv 2503.14476).",
-    )
-    dynamic_sampling_max_rounds: int = Field(
-        3, ge=1, description="Most generation rounds per step with dynamic_sampling."
-    )
-    tis_cap: float | None = Field(
-        None,
-        gt=0,
-        description="Truncated importance sampling: weight each token's policy-gradient term by "
-        "min(exp(trainer old log-prob - engine log-prob), tis_cap) to correct the engine/trainer "
-        "mismatch; null = off. Costs one no-grad forward pass per batch.",
-    )
-    maxent: MaxEntConfig = Field(default_factory=MaxEntConfig)
-    ppo: PPOConfig = Field(default_factory=PPOConfig)
-    psgrpo: PSGRPOStepsConfig = Field(default_factory=PSGRPOStepsConfig)
 
 
 class TrainConfig(Section):

@@ -34,6 +34,21 @@ def problems(cfg: Config) -> list[str]:
         out.append(f"algo.dual_clip={a.dual_clip}: must be > 1 (or null)")
     if a.kl_target is not None and a.beta <= 0:
         out.append("algo.kl_target is set but algo.beta=0: adaptive KL needs a starting beta > 0")
+    rc = a.rollout_correction
+    if a.tis_cap is not None and rc.level != "off":
+        out.append(
+            "algo.tis_cap and algo.rollout_correction are both set: algo.tis_cap=C is "
+            "algo.rollout_correction level=token action=truncate cap=C; keep one"
+        )
+    if rc.action == "mask" and rc.level != "off":
+        low, high = rc.bounds()
+        if not low < 1.0 < high:
+            out.append(
+                f"algo.rollout_correction: the mask keeps ratios in [low={low:g}, cap={high:g}], "
+                "which must contain 1 (low < 1 < cap)"
+            )
+    if rc.low is not None and rc.action != "mask":
+        out.append("algo.rollout_correction.low is the mask's lower bound: set action=mask")
     if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
         out.append(
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "

@@ -5,8 +5,10 @@ objective = build_objective(cfg, tokenizer)   # OBJECTIVES[cfg.algo.objective](c
 
 from rlvr.objectives import (  # noqa: F401  (each registers itself)
     cispo,
+    distill,
     group,
     gspo,
+    gspo_token,
     maxent,
     ppo,
     prm_dense,

@@ -64,10 +64,14 @@ class Objective:
     name: ClassVar[str] = ""
     # Loss aggregation when algo.loss_agg=auto (rlvr.algorithms.AGG_MODES).
     default_loss_agg: ClassVar[str] = "seq_mean_token_sum_norm"
-    # Whether policy_term weights tokens by batch.tok["tis_weights"] (algo.tis_cap).
+    # Whether policy_term weights tokens by batch.tok["tis_weights"] (algo.rollout_correction,
+    # algo.tis_cap).
     supports_tis: ClassVar[bool] = True
     # False: its preparation reads a reply's text or steps, not a multi-turn episode (env.name)
     supports_episodes: ClassVar[bool] = True
+    # The paper's values of algo.* knobs, used where the user set none (the knob is not in the
+    # section's model_fields_set): `rlvr.training.preflight.checks.apply_objective_defaults`.
+    defaults: ClassVar[dict[str, float]] = {}
 
     def __init__(self, cfg: Config, tokenizer=None) -> None:
         self.cfg = cfg
@@ -111,7 +115,7 @@ class Objective:
     def needs(self) -> Needs:
         a = self.cfg.algo
         reused = a.epochs_per_batch > 1 or a.minibatches > 1
-        return Needs(reference=a.beta > 0, old_logp=reused or a.tis_cap is not None)
+        return Needs(reference=a.beta > 0, old_logp=reused or a.correction() is not None)
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Fill ``batch.advantages`` (and ``batch.seq``/``batch.tok``) for ``loss``; returns

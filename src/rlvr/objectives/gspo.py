@@ -3,9 +3,9 @@
 GRPO's group-normalised advantages (r - mean) / std.
 
 Clip range: a sequence ratio is a geometric mean of token ratios, so it stays far closer to 1
-than any token's; the paper clips it to [1 - 3e-4, 1 + 4e-4]. ``algo.clip_low/high`` default to
-PPO's token range 0.2, which would never bind here, so ``check`` refuses clips above 0.01 with
-gspo: set ``algo.clip_low=3e-4 algo.clip_high=4e-4`` (or start from ``recipes/gspo.yaml``).
+than any token's; the paper clips it to [1 - 3e-4, 1 + 4e-4]. The objective brings those values
+(``defaults``) where the config sets no ``algo.clip_low``/``clip_high``; PPO's token range 0.2
+would never bind here, so ``check`` refuses a clip above 0.01 that the config sets itself.
 The clip only matters when the batch is reused (``algo.minibatches`` or
 ``algo.epochs_per_batch`` > 1); with one update per batch every s_i is 1.
 
@@ -31,19 +31,20 @@ class GSPO(GroupObjective):
     advantage_method = "grpo"
     default_loss_agg = "seq_mean_token_mean"
     supports_tis = False  # one ratio per sequence: a per-token IS weight has no place in it
+    defaults = {"clip_low": PAPER_CLIP[0], "clip_high": PAPER_CLIP[1]}
 
     @classmethod
     def check(cls, cfg) -> list[str]:
         a, out = cfg.algo, []
         if a.clip_low > MAX_CLIP or a.clip_high > MAX_CLIP:
             out.append(
-                f"algo.objective=gspo clips the sequence ratio, not token ratios: "
+                f"algo.objective={cls.name} clips the sequence ratio, not token ratios: "
                 f"algo.clip_low={a.clip_low} / algo.clip_high={a.clip_high} (> {MAX_CLIP}) would "
-                f"never bind; the paper uses algo.clip_low={PAPER_CLIP[0]} "
+                f"never bind; leave them unset for the paper's algo.clip_low={PAPER_CLIP[0]} "
                 f"algo.clip_high={PAPER_CLIP[1]} (arXiv 2507.18071), as recipes/gspo.yaml sets"
             )
         if a.dual_clip is not None:
-            out.append("algo.dual_clip is not used by algo.objective=gspo; leave it null")
+            out.append(f"algo.dual_clip is not used by algo.objective={cls.name}; leave it null")
         return out
 
     def policy_term(self, mb: MicroBatch, counts: MinibatchCounts) -> tuple[torch.Tensor, dict]:

@@ -1,7 +1,12 @@
-"""DAPO dynamic sampling (arXiv 2503.14476, section 3.2): a group whose rewards are all equal has
-zero group-relative advantage and no gradient, so the step keeps drawing fresh prompts until it
-holds ``algo.prompts_per_step`` groups whose rewards differ (at most
+"""DAPO dynamic sampling (arXiv 2503.14476, section 3.2): a group whose replies are all right or
+all wrong has no group-relative signal worth a gradient, so the step keeps drawing fresh prompts
+until it holds ``algo.prompts_per_step`` groups whose correctness differs (at most
 ``algo.dynamic_sampling_max_rounds`` rounds of generation).
+
+What must differ (``algo.dynamic_sampling_metric``): ``accuracy`` (default), the verifier's
+correctness, as DAPO's paper and verl's ``filter_groups`` (metric ``acc``) filter; or ``score``,
+the shaped reward. The two part ways under DAPO's overlong penalty: an all-correct group of
+different lengths has different scores but one accuracy, and DAPO drops it.
 
 If the rounds run out first, the batch is filled up with equal-reward groups (they add no
 gradient to group-relative objectives) so that every step trains on the same number of groups.
@@ -16,8 +21,26 @@ from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 
 
+def filter_values(batch: RolloutBatch, metric: str) -> torch.Tensor:
+    """``[P, G]``: what dynamic sampling compares within a group. ``score``: the shaped scores
+    (``batch.scores``). ``accuracy``: the verifier's correctness, each reply's ``correct`` info
+    (the key the built-in graders report and the ``correct`` metric averages); a reward that
+    reports none counts by its own score before any shaping (``batch.rewards.scores``: no
+    overlong penalty, no KL penalty)."""
+    if metric == "score":
+        return batch.scores
+    if metric != "accuracy":
+        raise ValueError(f"algo.dynamic_sampling_metric={metric!r}: use accuracy or score")
+    r = batch.rewards
+    vals = [
+        float(info["correct"]) if "correct" in info else float(score)
+        for info, score in zip(r.infos, r.scores, strict=True)
+    ]
+    return torch.tensor(vals, dtype=torch.float32).view_as(batch.scores)
+
+
 def informative_groups(scores: torch.Tensor, valid: torch.Tensor) -> list[bool]:
-    """Per prompt ``[P]``: True when the group's valid rewards are not all equal (2+ valid)."""
+    """Per prompt ``[P]``: True when the group's valid values are not all equal (2+ valid)."""
     out = []
     for row, ok in zip(scores, valid, strict=True):
         r = row[ok]
@@ -78,13 +101,21 @@ def _concat_vision(parts: list[RolloutBatch]) -> list[PromptVision] | None:
     return [v for b in parts for v in (b.vision or [none] * len(b.prompt_ids))]
 
 
-def assemble(rounds: list[RolloutBatch], need: int) -> tuple[RolloutBatch, int]:
-    """The step's batch of ``need`` groups from the scored ``rounds``: informative groups first
-    (in drawing order), then equal-reward ones to fill up. Returns (batch, informative kept)."""
+def count_informative(rounds: list[RolloutBatch], metric: str) -> int:
+    """Informative groups over the scored ``rounds`` under ``metric``."""
+    return sum(sum(informative_groups(filter_values(b, metric), b.valid)) for b in rounds)
+
+
+def assemble(
+    rounds: list[RolloutBatch], need: int, metric: str = "accuracy"
+) -> tuple[RolloutBatch, int]:
+    """The step's batch of ``need`` groups from the scored ``rounds``: informative groups under
+    ``metric`` first (in drawing order), then the others to fill up. Returns (batch,
+    informative kept)."""
     good: list[tuple[int, int]] = []
     rest: list[tuple[int, int]] = []
     for k, b in enumerate(rounds):
-        for p, ok in enumerate(informative_groups(b.scores, b.valid)):
+        for p, ok in enumerate(informative_groups(filter_values(b, metric), b.valid)):
             (good if ok else rest).append((k, p))
     chosen = (good + rest)[:need]
     parts = []

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from rlvr.algorithms import kl_estimate, overlong_penalty, truncated_is_weights
+from rlvr.algorithms import kl_estimate, overlong_penalty
 from rlvr.data.multimodal import render_inputs
 from rlvr.distributed import all_gather_objects, all_reduce_sum
 from rlvr.model.logprobs import completion_logprobs
@@ -25,8 +25,9 @@ from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episodes import check_env_failures, episode_scores
-from rlvr.training.dynamic_sampling import assemble, informative_groups
+from rlvr.training.dynamic_sampling import assemble, count_informative
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
+from rlvr.training.rollout_correction import correction_weights
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import advantage_stats, rollout_metrics
@@ -241,18 +242,20 @@ class Step:
 
     def fill(self, first: RolloutBatch, timed) -> tuple[RolloutBatch, dict]:
         """DAPO dynamic sampling (`rlvr.training.dynamic_sampling`): more rounds of fresh prompts
-        until this rank holds as many informative groups as it draws per round, at most
+        until this rank holds as many informative groups (``algo.dynamic_sampling_metric``) as it
+        draws per round, at most
         ``algo.dynamic_sampling_max_rounds`` rounds; every rank draws while any one is short
         (generation and scoring are collective)."""
         need, rounds = len(first.prompt_ids), [first]
+        metric = self.cfg.algo.dynamic_sampling_metric
         while len(rounds) < self.cfg.algo.dynamic_sampling_max_rounds:
-            have = sum(sum(informative_groups(b.scores, b.valid)) for b in rounds)
+            have = count_informative(rounds, metric)
             if not all_reduce_sum([float(have < need)], self.run.dist)[0]:
                 break
             batch = timed("time_rollout", self.generate, len(rounds))
             timed("time_reward", self.score, batch)
             rounds.append(batch)
-        batch, kept = assemble(rounds, need)
+        batch, kept = assemble(rounds, need, metric)
         metrics = self._global_rollout_metrics(batch)
         if self.cfg.reward.overlong_buffer > 0:  # the kept sequences' penalty (already applied)
             pen = self._overlong_penalties(batch)
@@ -281,7 +284,7 @@ class Step:
         diffs: list[torch.Tensor] = []
         pad = self.run.tokenizer.pad_token_id
         comps = batch.completions
-        engine: list = [None] * n  # the engine's log-probs, for algo.tis_cap
+        engine: list = [None] * n  # the engine's log-probs, for the rollout correction
         with torch.no_grad():
             for idx in self.run.objective.micro_batches(list(range(n)), batch):
                 sb = batch.sequence_batch(
@@ -307,7 +310,7 @@ class Step:
         batch.old_logp = old
         batch.ref_logp = ref if needs.reference else None
         batch.values = values if needs.values else None
-        if self.cfg.algo.tis_cap is not None:
+        if self.cfg.algo.correction() is not None:
             batch.tok["engine_logp"] = engine
         return diffs
 
@@ -319,7 +322,8 @@ class Step:
             batch.scores = batch.scores - self.state.kl_ctl.value * kl_penalty(
                 batch, a.kl_estimator
             )
-        tis = tis_weights(batch, a.tis_cap) if a.tis_cap is not None else {}
+        rc = a.correction()
+        tis = correction_weights(batch, rc) if rc is not None else {}
         stats = self.run.objective.prepare(batch)
         return {**advantage_stats(batch), **tis, **stats}
 
@@ -374,28 +378,3 @@ def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
         if len(lp):
             out[i] = (kl_estimate(lp.float(), ref.float(), kind) * masks[i]).sum()
     return out.view(-1, batch.group_size)
-
-
-def tis_weights(batch: RolloutBatch, cap: float) -> dict[str, float]:
-    """Truncated importance sampling: ``batch.tok["tis_weights"]``, per token
-    ``min(exp(old trainer log-prob - engine log-prob), cap)``, which the objective's policy term
-    multiplies; returns their mean/min/max and the share of tokens the cap truncated (ratio >
-    cap), over this rank's valid sequences."""
-    weights, hit = [], []
-    for lp, eng in zip(batch.old_logp, batch.tok["engine_logp"], strict=True):
-        weights.append(truncated_is_weights(lp.float(), eng, cap))
-        hit.append(torch.exp(lp.float() - eng) > cap)
-    batch.tok["tis_weights"] = weights
-    valid = batch.valid.reshape(-1).tolist()
-    model = [m.bool() for m in batch.loss_masks]  # statistics over the model's tokens only
-    keep = [i for i, ok in enumerate(valid) if ok and bool(model[i].any())]
-    if not keep:
-        return {}
-    w = torch.cat([weights[i][model[i]] for i in keep])
-    h = torch.cat([hit[i][model[i]] for i in keep])
-    return {
-        "tis_weight_mean": float(w.mean()),
-        "tis_weight_min": float(w.min()),
-        "tis_weight_max": float(w.max()),
-        "tis_truncated_frac": float(h.float().mean()),
-    }

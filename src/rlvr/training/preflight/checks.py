@@ -18,8 +18,26 @@ from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import engine_for
 
 
+def apply_objective_defaults(cfg: Config) -> dict[str, float]:
+    """Set, in place, the objective's own defaults (its paper's values: GSPO's clip) of the
+    ``algo.*`` knobs that the config does not set itself (not in the section's
+    ``model_fields_set``: YAML or overrides named them). Returns what was set, by dotted key."""
+    objective = OBJECTIVES.get(cfg.algo.objective)
+    if objective is None:
+        return {}
+    applied = {}
+    for key, value in objective.defaults.items():
+        if key not in cfg.algo.model_fields_set:
+            setattr(cfg.algo, key, value)  # marks it set: applying twice changes nothing
+            applied[f"algo.{key}"] = value
+    return applied
+
+
 def config_problems(cfg: Config) -> list[str]:
-    """Every contradiction in ``cfg`` (an empty list when it can run)."""
+    """Every contradiction in ``cfg`` (an empty list when it can run), after the objective's
+    defaults (checked on a copy: ``cfg`` is left as it is)."""
+    cfg = cfg.model_copy(deep=True)
+    apply_objective_defaults(cfg)
     out = cfg.problems()
     a = cfg.algo
     objective = OBJECTIVES.get(a.objective)
@@ -33,10 +51,12 @@ def config_problems(cfg: Config) -> list[str]:
         out.append(f"algo.loss_agg={a.loss_agg!r} is unknown; known: auto, {', '.join(AGG_MODES)}")
     if objective is not None:
         out.extend(objective.check(cfg))
-        if a.tis_cap is not None and not objective.supports_tis:
+        if a.correction() is not None and not objective.supports_tis:
+            knob = "algo.tis_cap" if a.tis_cap is not None else "algo.rollout_correction"
+            off = "null" if a.tis_cap is not None else "at level=off"
             out.append(
-                f"algo.tis_cap is not supported by algo.objective={a.objective} (it has no "
-                "per-token policy-gradient term to weight); leave algo.tis_cap null"
+                f"{knob} is not supported by algo.objective={a.objective} (it has no "
+                f"per-token policy-gradient term to weight); leave {knob} {off}"
             )
     out.extend(_env_problems(cfg, objective))
     for key, p in (
@@ -80,7 +100,9 @@ def _env_problems(cfg: Config, objective) -> list[str]:
 
 
 def check_config(cfg: Config) -> Config:
-    """``cfg`` when it can run, else ConfigError listing every problem."""
+    """``cfg`` with the objective's defaults applied (`apply_objective_defaults`, in place) when
+    it can run, else ConfigError listing every problem."""
+    apply_objective_defaults(cfg)
     probs = config_problems(cfg)
     if probs:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))

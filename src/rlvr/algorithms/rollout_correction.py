@@ -1,0 +1,72 @@
+"""Rollout correction: importance weights of the sampling engine's log-probs against the trainer's.
+
+The engine that samples (vLLM, other kernels, bf16) and the trainer disagree slightly on
+log-probs, and a stale rollout comes from older weights, so the samples are a little
+off-policy. The ratio ``exp(trainer log-prob - engine log-prob)`` corrects for it, taken per
+token or per sequence (the geometric mean of the sequence's token ratios,
+``exp(mean_t (trainer - engine))``, as verl's rollout correction and TRL's
+``vllm_importance_sampling_mode`` define it), then truncated (weight ``min(ratio, cap)``:
+truncated importance sampling) or masked (weight 0 where the ratio leaves ``[low, cap]``, else 1:
+IcePop's two-sided mask). The weights are constants that multiply each token's policy-gradient
+term.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from rlvr.algorithms._checks import require_mask, require_ndim, require_same_shape
+from rlvr.algorithms.sequence_losses import truncated_is_weights
+
+LEVELS = ("token", "sequence")
+ACTIONS = ("truncate", "mask")
+
+
+@torch.no_grad()
+def rollout_correction_weights(
+    trainer_logp: Tensor,
+    engine_logp: Tensor,
+    mask: Tensor,
+    *,
+    level: str,
+    action: str,
+    cap: float,
+    low: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``[N, T]`` weights, and where the ratio was truncated and where it was masked (bool).
+
+    ``level``: token (one ratio per token) or sequence (one per row: the geometric mean of its
+    valid tokens' ratios, on every valid token). ``action``: truncate (``min(ratio, cap)``;
+    truncated where ratio > cap) or mask (1 where ``low <= ratio <= cap``, else 0 and masked;
+    ``low`` defaults to ``1 / cap``). Positions outside ``mask`` get weight 0 and no flag; their
+    log-probs may be NaN.
+    """
+    require_ndim("trainer_logp", trainer_logp, 2)
+    require_same_shape(trainer_logp=trainer_logp, engine_logp=engine_logp, mask=mask)
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap!r}")
+    m = require_mask("mask", mask)
+    zeros = torch.zeros_like(trainer_logp, dtype=torch.float32)
+    diff = torch.where(m, trainer_logp.float() - engine_logp.float(), zeros)
+    if level == "sequence":
+        n = m.sum(-1, keepdim=True).clamp(min=1)
+        diff = torch.where(m, (diff.sum(-1, keepdim=True) / n).expand_as(diff), zeros)
+    if action == "truncate":
+        w = truncated_is_weights(diff, zeros, cap)
+        truncated = m & (torch.exp(diff) > cap)
+        masked = torch.zeros_like(m)
+    else:
+        lo = 1.0 / cap if low is None else low
+        if not 0 < lo < 1 < cap:
+            raise ValueError(f"the mask range [low={lo}, cap={cap}] must contain 1")
+        ratio = torch.exp(diff)
+        keep = (ratio >= lo) & (ratio <= cap)
+        w = keep.to(torch.float32)
+        masked = m & ~keep
+        truncated = torch.zeros_like(m)
+    return torch.where(m, w, zeros), truncated, masked
