@@ -59,6 +59,7 @@ class PlanSpec:
     eager_attention: bool = True
     gradient_checkpointing: bool = False
     lean_backward: bool = False  # model.lean_backward: linears keep float32 weights, no bf16 copy
+    logprob_chunk_tokens: int = 0  # algo.logprob_chunk_tokens; 0: the full logits at once
     reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
     engine: str = "hf"  # "hf" (the transformers engine) | "vllm"
     engine_weight_bytes: int = 4
@@ -103,13 +104,38 @@ def activation_bytes(s: PlanSpec) -> int:
     return tokens * (sh.layers * residual * sh.hidden + per_token_layer)
 
 
-def logits_bytes(s: PlanSpec) -> int:
-    """The completion logits ``[rows, completion, vocab]``: the model's output, its float32 copy
-    for the log-softmax (when the output is bf16), and their gradient (the sum and one chunk's
-    full-size slice gradient)."""
+def full_logits_bytes(s: PlanSpec) -> int:
+    """The completion logits ``[rows, completion, vocab]`` all at once: the model's output, its
+    float32 copy for the log-softmax (when the output is bf16), and their gradient (the sum
+    and one chunk's full-size slice gradient)."""
     out = 4 if s.precision == "fp32" else 2
     fp32_copy = 0 if s.precision == "fp32" else 4
     return s.micro_rows * s.completion_tokens * s.shape.vocab * (out + fp32_copy + 2 * out)
+
+
+# Bytes per logit of one chunk (model/head_logprobs.py): two float32 [chunk, vocab] buffers alive
+# at once, log p and p, in the forward and in the backward (a bf16 matmul output lives only
+# while its float32 copy is made, the bf16 gradient only after log p is freed).
+CHUNK_BYTES_PER_LOGIT = 8
+
+
+def logits_bytes(s: PlanSpec) -> int:
+    """The log-probs' own memory: the full logits (``full_logits_bytes``) or, with
+    ``logprob_chunk_tokens``, one chunk's (``CHUNK_BYTES_PER_LOGIT``) plus, under autocast with
+    lean_backward, the bf16 copy of the head the chunks multiply by (autocast's own weight
+    copies are counted with the other layers')."""
+    if not s.logprob_chunk_tokens:
+        return full_logits_bytes(s)
+    positions = min(s.logprob_chunk_tokens, s.micro_rows * s.completion_tokens)
+    head_copy = s.shape.vocab * s.shape.hidden * 2 if s.precision == "autocast" else 0
+    return positions * s.shape.vocab * CHUNK_BYTES_PER_LOGIT + (head_copy if s.lean_backward else 0)
+
+
+def logits_term(s: PlanSpec) -> str:
+    """The plan's name for ``logits_bytes``."""
+    if s.logprob_chunk_tokens:
+        return f"logits, {s.logprob_chunk_tokens}-token chunks (algo.logprob_chunk_tokens)"
+    return "logits (log-softmax, fp32)"
 
 
 @dataclass(frozen=True)
@@ -160,7 +186,7 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     if s.precision == "autocast" and not s.lean_backward:
         update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
     update["activations"] = activation_bytes(s)
-    update["logits (log-softmax, fp32)"] = logits_bytes(s)
+    update[logits_term(s)] = logits_bytes(s)
     rollout = {}
     if s.engine == "hf":
         rollout["generation KV cache (transformers)"] = s.kv_cache_bytes
@@ -190,6 +216,9 @@ def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "")
         for name, n in terms.items():
             if n:
                 lines.append(f"  {title:8s} {name:52s} {_gib(n)}")
+    if s.logprob_chunk_tokens:  # what the chunks save: the full logits' term, not counted
+        label = "(not counted: full logits, algo.logprob_chunk_tokens=0)"
+        lines.append(f"  {'':8s} {label:52s} {_gib(full_logits_bytes(s))}")
     how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
     lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
     if available is not None:
@@ -204,6 +233,9 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
     rep = dataclasses.replace
     rows = [(f"algo.micro_batch_size={r}", rep(s, micro_rows=r)) for r in range(s.micro_rows)]
     groups: list[list[tuple[str, PlanSpec]]] = [rows[:0:-1]]
+    if not s.logprob_chunk_tokens:
+        chunked = rep(s, logprob_chunk_tokens=1024)
+        groups.append([("algo.logprob_chunk_tokens=1024", chunked)])
     if not s.gradient_checkpointing:
         groups.append([("model.gradient_checkpointing=true", rep(s, gradient_checkpointing=True))])
     if not s.lora_rank:
@@ -286,6 +318,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         eager_attention=choose_attention(m.attention, device, completion) == "eager",
         gradient_checkpointing=m.gradient_checkpointing,
         lean_backward=m.lean_backward,
+        logprob_chunk_tokens=a.logprob_chunk_tokens or 0,
         reference=build_objective(cfg).needs().reference and not lora.enabled,
         engine=engine,
         engine_weight_bytes=torch.empty((), dtype=edtype).element_size(),
