@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +46,15 @@ def _status_kib(key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise KeyError(key)
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process: on a machine shared with other work, less
+    sensitive than wall time to how many cores the others leave free."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def build_model(seed: int = 0):
@@ -108,6 +118,7 @@ def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
     mask = sb.completion_mask
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to now
     before = _status_kib("VmRSS")
+    cpu0 = _cpu_seconds()
     t0 = time.perf_counter()
     if side == "trl":
         logp, _ = trl_logps(model, sb.input_ids, sb.attention_mask, sb.completion_ids, 1.0)
@@ -127,6 +138,7 @@ def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
     )
     loss.backward()
     total = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     return {
         "side": side,
         "tokens": tokens,
@@ -134,6 +146,7 @@ def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
         "chunk": chunk if side == "chunked" else 0,
         "seconds": total,
         "forward_seconds": t_fwd,
+        "cpu_seconds": cpu,
         "rss_before_mib": before / 1024,
         "peak_rss_mib": _status_kib("VmHWM") / 1024,
         "update_added_mib": (_status_kib("VmHWM") - before) / 1024,
@@ -171,7 +184,7 @@ def extrapolate(rows: list[dict], tokens: int) -> dict | None:
         return None
     (x0, a), (x1, b) = pts[-2], pts[-1]
     out = {"side": a["side"], "tokens": tokens, "rows": ROWS, "extrapolated": True}
-    for key in ("peak_rss_mib", "update_added_mib", "seconds"):
+    for key in ("peak_rss_mib", "update_added_mib", "seconds", "cpu_seconds"):
         out[key] = a[key] + (b[key] - a[key]) * (tokens - x0) / (x1 - x0)
     return out
 
@@ -185,18 +198,22 @@ def render(payload: dict) -> str:
         f"(vocab {VOCAB}, hidden 256, 2 layers, float32, random weights); chunked: "
         f"algo.logprob_chunk_tokens={payload['chunk']}. Peak = the process's VmHWM after a reset "
         "just before the update; 'added' = peak minus RSS before the update. "
+        "CPU seconds: user + system time of the update (wall time moves with the load "
+        f"others put on the machine: load average {payload.get('load', '?')} at the start). "
         "(x) = extrapolated linearly from the two longest measured lengths (not run: its full "
         "logits would not fit on this machine beside the others).",
         "",
-        "| T | side | peak RSS MiB | added MiB | seconds | peak / TRL | peak / full | time / full |",
-        "|---|---|---|---|---|---|---|---|",
+        "| T | side | peak RSS MiB | added MiB | seconds | CPU seconds | peak / TRL | peak / full "
+        "| time / full | CPU time / full |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in payload["rows"]:
         mark = " (x)" if r.get("extrapolated") else ""
         lines.append(
             f"| {r['tokens']} | {r['side']}{mark} | {r['peak_rss_mib']:.0f} | "
-            f"{r['update_added_mib']:.0f} | {r['seconds']:.1f} | {r.get('peak_vs_trl', '')} | "
-            f"{r.get('peak_vs_full', '')} | {r.get('time_vs_full', '')} |"
+            f"{r['update_added_mib']:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | "
+            f"{r.get('peak_vs_trl', '')} | {r.get('peak_vs_full', '')} | "
+            f"{r.get('time_vs_full', '')} | {r.get('cpu_vs_full', '')} |"
         )
     lines += [
         "",
@@ -225,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     lengths = [int(t) for t in args.tokens.split(",")]
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     rows: list[dict] = []
     t0 = time.perf_counter()
     for tokens in lengths:
@@ -248,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         if full:
             r["peak_vs_full"] = round(r["peak_rss_mib"] / full["peak_rss_mib"], 3)
             r["time_vs_full"] = round(r["seconds"] / full["seconds"], 3)
+            r["cpu_vs_full"] = round(r["cpu_seconds"] / full["cpu_seconds"], 3)
     rows.sort(key=lambda r: (r["tokens"], SIDES.index(r["side"])))
     try:
         cpu = next(
@@ -263,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "threads": args.threads,
         "chunk": args.chunk,
+        "load": load,
         "rows": rows,
         "slopes_mib_per_1k": {
             s: slope_mib_per_1k([r for r in rows if r["side"] == s]) for s in SIDES

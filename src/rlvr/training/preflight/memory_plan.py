@@ -134,7 +134,7 @@ def logits_bytes(s: PlanSpec) -> int:
 def logits_term(s: PlanSpec) -> str:
     """The plan's name for ``logits_bytes``."""
     if s.logprob_chunk_tokens:
-        return f"logits, {s.logprob_chunk_tokens}-token chunks (algo.logprob_chunk_tokens)"
+        return f"logits, chunks of {s.logprob_chunk_tokens} tokens (log-softmax, fp32)"
     return "logits (log-softmax, fp32)"
 
 
@@ -217,7 +217,7 @@ def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "")
             if n:
                 lines.append(f"  {title:8s} {name:52s} {_gib(n)}")
     if s.logprob_chunk_tokens:  # what the chunks save: the full logits' term, not counted
-        label = "(not counted: full logits, algo.logprob_chunk_tokens=0)"
+        label = "(not counted) full logits, logprob_chunk_tokens=0"
         lines.append(f"  {'':8s} {label:52s} {_gib(full_logits_bytes(s))}")
     how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
     lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
