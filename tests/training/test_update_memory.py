@@ -4,10 +4,9 @@ entropy under no gradient takes one chunk-sized temporary, not two."""
 from __future__ import annotations
 
 import torch
+from memory_support import peak_allocated_bytes
 from test_train_e2e import one_float32_step
-from torch._C._profiler import _EventType
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.profiler import ProfilerActivity, profile
 
 from rlvr.model.logprobs import logprobs_and_entropy
 
@@ -25,7 +24,7 @@ def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_pat
 
         def forward_kept(model, sb):
             out = forward(model, sb)
-            refs.append(StorageWeakRef(out["logits"].untyped_storage()))
+            refs.append(StorageWeakRef(out["policy"].logits.untyped_storage()))
             return out
 
         monkeypatch.setattr(trainer.run.objective, "forward", forward_kept)
@@ -37,31 +36,16 @@ def test_the_update_holds_no_logits_through_its_backward(tiny_model_dir, tmp_pat
         monkeypatch.setattr(torch.Tensor, "backward", backward_watched)
 
     # micro-batches of 2 over the tiny config's 2 prompts x 4 samples: several backwards
-    one_float32_step(tiny_model_dir, tmp_path / "run", "algo.micro_batch_size=2", before=watch)
+    # the full-logits path (algo.logprob_chunk_tokens=0), the one that makes the logits
+    one_float32_step(
+        tiny_model_dir,
+        tmp_path / "run",
+        "algo.micro_batch_size=2",
+        "algo.logprob_chunk_tokens=0",
+        before=watch,
+    )
     assert len(alive_at_backward) >= 2
     assert alive_at_backward == [False] * len(alive_at_backward)
-
-
-def peak_allocated_bytes(fn) -> int:
-    """Highest sum of live CPU allocations made while ``fn`` runs, from the profiler's
-    allocation and free events in time order (what was allocated before does not count)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-
-    def walk(events):
-        for e in events:
-            yield e
-            yield from walk(e.children)
-
-    tree = prof.profiler.kineto_results.experimental_event_tree()
-    allocations = sorted(
-        (e for e in walk(tree) if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns
-    )
-    live = peak = 0
-    for e in allocations:
-        live += e.extra_fields.alloc_size
-        peak = max(peak, live)
-    return peak
 
 
 def test_entropy_without_its_gradient_takes_one_chunk_sized_temporary():

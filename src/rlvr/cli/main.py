@@ -168,7 +168,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     )
     res = run_preflight(t)
     print(format_preflight(res))
-    from rlvr.training.preflight.memory_plan import memory_preflight
+    from rlvr.training.preflight.memory_check import memory_preflight
 
     problems += memory_preflight(cfg, world_size=args.nproc)[0]
     for p in problems:

@@ -118,6 +118,14 @@ class AlgoConfig(Section):
         description="Most padded positions (rows x longest prompt+completion) per forward/backward "
         "pass; caps activation memory when lengths vary. None: micro_batch_size alone.",
     )
+    logprob_chunk_tokens: int | None = Field(
+        1024,
+        ge=0,
+        description="Completion tokens whose [tokens, vocab] logits exist at once: log-probs and "
+        "entropies are read from the last hidden states this many tokens at a time, the backward "
+        "recomputing each chunk (model/head_logprobs.py; docs/memory-plan.md). 0 or null: the "
+        "full logits of every completion token at once (the path before this knob).",
+    )
     share_prompt: bool = Field(
         True,
         description="Run a prompt once per micro-batch for all the samples that share it (the "

@@ -1,13 +1,17 @@
-"""The policy's forward pass over prompt + completion rows: padded, shared-prompt or packed."""
+"""The policy's forward pass over prompt + completion rows: padded, shared-prompt or packed; the
+completion tokens' log-probs from its full logits or, chunk by chunk, from its hidden states."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from rlvr.data.multimodal import check_image_tokens
+from rlvr.model.head_logprobs import head_logprobs, plain_head
 from rlvr.model.logprobs import completion_logprobs
+from rlvr.model.packed_rows import NO_LOGITS, PackedRows
 from rlvr.model.shared_prompt import can_share_prompt, shared_prompt_outputs, shared_prompt_rows
 
 
@@ -91,8 +95,12 @@ def build_sequence_batch(
 
 
 def completion_outputs(
-    model: torch.nn.Module, batch: SequenceBatch, *, hidden_states: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    hidden_states: bool = False,
+    logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Logits that predict each completion token ``[B, Tc, V]`` and, with ``hidden_states``, the
     last layer's hidden states at the same positions ``[B, Tc, H]`` (a critic's input), else None.
 
@@ -102,6 +110,7 @@ def completion_outputs(
     wrapped for FSDP2/DDP (``training/shared_prompt.py``); their completions then run without
     padding where the model allows (``training/packed_rows.py``) and the logits are those of the
     real completion tokens only, ``[N, V]``: read them with ``completion_logprobs``.
+    Without ``logits``, no position goes through the LM head: ``(None, hidden states)``.
     """
     tc = batch.completion_len
     if batch.prompt_firsts is not None and can_share_prompt(model):
@@ -114,6 +123,7 @@ def completion_outputs(
             batch.prompt_firsts,
             batch.prompt_copies,
             hidden_states=hidden_states,
+            logits=logits,
         )
     # A VLM computes its multimodal positions from the ids, the mask and the image grids.
     positions = {"position_ids": batch.position_ids} if not batch.vision else batch.vision
@@ -121,26 +131,97 @@ def completion_outputs(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         **positions,
-        logits_to_keep=tc + 1,
+        logits_to_keep=tc + 1 if logits else NO_LOGITS,
         use_cache=False,
-        output_hidden_states=hidden_states,
+        output_hidden_states=hidden_states or not logits,
     )
-    hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :] if hidden_states else None
-    return out.logits[:, :-1, :], hidden
+    keep = hidden_states or not logits
+    hidden = out.hidden_states[-1][:, -(tc + 1) : -1, :] if keep else None
+    return (out.logits[:, :-1, :] if logits else None), hidden
 
 
-def completion_logits(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
-    """``completion_outputs`` without hidden states: the logits ``[B, Tc, V]`` or packed ``[N, V]``."""
-    return completion_outputs(model, batch)[0]
+def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's LM head (``get_output_embeddings``), under DDP's wrapper too."""
+    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    get = getattr(inner, "get_output_embeddings", None)
+    return get() if get is not None else None
+
+
+@dataclass
+class PolicyOutputs:
+    """What a forward pass leaves for the completion log-probs: the completion logits (the
+    full path), or the last hidden states at the completion positions ``[B, Tc, H]`` with the
+    LM head, read ``chunk_tokens`` tokens at a time (``head_logprobs.py``)."""
+
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    head: torch.nn.Module | None = None
+    chunk_tokens: int = 0
+    # the head's compute dtype where the forward ran (autocast's bf16), None: the weight's
+    dtype: torch.dtype | None = None
+
+    def logprobs(
+        self,
+        batch: SequenceBatch,
+        temperature: float = 1.0,
+        *,
+        entropy: bool = True,
+        entropy_grad: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs and entropies ``[B, Tc]`` of ``batch``'s completion tokens under the
+        sampling distribution, as ``completion_logprobs`` gives them (zeros at the padding
+        on the chunked path, which reads only the real tokens)."""
+        if self.logits is not None:
+            kw = dict(entropy=entropy, entropy_grad=entropy_grad)
+            return completion_logprobs(self.logits, batch, temperature, **kw)
+        device = self.hidden.device  # the indices where the hidden states are
+        rows = PackedRows.from_mask(batch.completion_mask.to(device).bool())
+        logp, ent = head_logprobs(
+            rows.pack(self.hidden),
+            self.head,
+            rows.pack(batch.completion_ids.to(device)),
+            temperature,
+            chunk=self.chunk_tokens,
+            dtype=self.dtype,
+            entropy=entropy,
+            entropy_grad=entropy_grad,
+        )
+        return rows.unpack(logp), (rows.unpack(ent) if ent is not None else None)
+
+
+def policy_outputs(
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    chunk_tokens: int | None = 0,
+    hidden_states: bool = False,
+) -> tuple[PolicyOutputs, torch.Tensor | None]:
+    """The forward pass of ``completion_outputs`` for log-probs: with ``chunk_tokens`` (and a
+    plain linear LM head: ``head_logprobs.plain_head``) no logits, only the last hidden
+    states, read chunk by chunk; else (0 or None) the full logits. Also returns the hidden
+    states ``[B, Tc, H]`` with ``hidden_states`` (a critic's input), else None."""
+    head = output_head(model)
+    if not chunk_tokens or not plain_head(head):
+        logits, hidden = completion_outputs(model, batch, hidden_states=hidden_states)
+        return PolicyOutputs(logits=logits), hidden
+    _, hidden = completion_outputs(model, batch, logits=False)
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    out = PolicyOutputs(hidden=hidden, head=head, chunk_tokens=chunk_tokens, dtype=dtype)
+    return out, (hidden if hidden_states else None)
 
 
 def sequence_logprobs(
-    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float = 1.0
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``[B, Tc]`` (with grad) and entropies ``[B, Tc]`` of the completions.
 
-    Logits are divided by the sampling temperature so the policy in the ratio is the one that sampled.
+    Logits are divided by the sampling temperature so the policy in the ratio is the one that
+    sampled. ``chunk_tokens``: as ``policy_outputs`` (0: the full logits).
     """
-    return completion_logprobs(
-        completion_logits(model, batch), batch, temperature if temperature > 0 else 1.0
-    )
+    out, _ = policy_outputs(model, batch, chunk_tokens=chunk_tokens)
+    return out.logprobs(batch, temperature if temperature > 0 else 1.0)

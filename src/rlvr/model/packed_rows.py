@@ -27,6 +27,11 @@ from transformers.masking_utils import create_causal_mask
 
 from rlvr.model.attention import GROUPED_EAGER, PACKED_ROWS, PACKED_SDPA
 
+# ``logits_to_keep`` that sends no position through the LM head (an int 0 would keep them all):
+# the forward then gives only hidden states, for log-probs read chunk by chunk
+# (``head_logprobs.py``)
+NO_LOGITS = torch.empty(0, dtype=torch.long)
+
 
 @dataclass
 class PackedRows:
@@ -103,7 +108,8 @@ def packed_completion_pass(
     cache: DynamicCache,
     *,
     hidden_states: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The rows' completion pass, only their real positions through the model.
 
     ``embeds`` ``[B, Tc, H]``, ``position_ids`` ``[B, Tc]``: the inputs from each row's last
@@ -111,7 +117,7 @@ def packed_completion_pass(
     inputs are real; ``real`` ``[B, Tc]``: the inputs whose next token is a completion token;
     ``cache``: K prompt positions per row. Returns the logits of the real positions ``[N, V]``
     (row by row) and, with ``hidden_states``, the last hidden states laid out ``[B, Tc, H]``
-    (zeros at padding)."""
+    (zeros at padding). Without ``logits``: ``(None, hidden states)``."""
     rows = PackedRows.from_mask(real, cache)
     # the padded pass's own mask [B, 1, Tc, K + Tc], made by transformers as that pass makes it
     mask = create_causal_mask(
@@ -127,9 +133,9 @@ def packed_completion_pass(
         attention_mask=mask,
         position_ids=rows.pack(position_ids).unsqueeze(0),
         use_cache=False,
-        logits_to_keep=0,
-        output_hidden_states=hidden_states,
+        logits_to_keep=0 if logits else NO_LOGITS,
+        output_hidden_states=hidden_states or not logits,
         **{PACKED_ROWS: rows},
     )
-    hidden = rows.unpack(out.hidden_states[-1][0]) if hidden_states else None
-    return out.logits[0], hidden
+    hidden = rows.unpack(out.hidden_states[-1][0]) if hidden_states or not logits else None
+    return (out.logits[0] if logits else None), hidden

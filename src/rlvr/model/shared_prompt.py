@@ -24,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
-from rlvr.model.packed_rows import can_pack, packed_completion_pass
+from rlvr.model.packed_rows import NO_LOGITS, can_pack, packed_completion_pass
 
 
 def shared_prompt_rows(
@@ -60,13 +60,15 @@ def shared_prompt_outputs(
     copies: torch.Tensor,
     *,
     hidden_states: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Logits predicting each completion token of left-padded prompts (``prompt_len`` columns)
     followed by right-padded completions (``Tc`` columns), the prompts run once per distinct row
     ``firsts``; row ``i`` repeats prompt ``copies[i]`` (``shared_prompt_rows``). The logits are
     ``[B, Tc, V]``, or where the completions run packed (``packed_rows.can_pack``) those of the
     N real completion tokens only, ``[N, V]`` row by row. With ``hidden_states``, also the last
-    layer's hidden states at the completion positions ``[B, Tc, H]``, else None."""
+    layer's hidden states at the completion positions ``[B, Tc, H]``, else None. Without
+    ``logits``, no position goes through the LM head: ``(None, hidden states)``."""
     device = input_ids.device
     firsts, copies = firsts.to(device), copies.to(device)
     head = prompt_len - 1  # the last prompt token runs with the completion: it predicts token 0
@@ -98,6 +100,7 @@ def shared_prompt_outputs(
             real,
             cache,
             hidden_states=hidden_states,
+            logits=logits,
         )
     out = model(
         inputs_embeds=embeds[:, head:-1],
@@ -105,10 +108,11 @@ def shared_prompt_outputs(
         position_ids=position_ids[:, head:-1],
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=tc,
-        output_hidden_states=hidden_states,
+        logits_to_keep=tc if logits else NO_LOGITS,
+        output_hidden_states=hidden_states or not logits,
     )
-    return out.logits, (out.hidden_states[-1] if hidden_states else None)
+    hidden = out.hidden_states[-1] if hidden_states or not logits else None
+    return (out.logits if logits else None), hidden
 
 
 def _copy_rows(cache: DynamicCache, copies: torch.Tensor, n_prompts: int) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 import torch
 
 from rlvr.algorithms import aggregate, kl_estimate, policy_loss
-from rlvr.model.forward import SequenceBatch, completion_logits
+from rlvr.model.forward import SequenceBatch, policy_outputs
 from rlvr.objectives.micro_batches import length_micro_batches
 
 if TYPE_CHECKING:
@@ -143,9 +143,11 @@ class Objective:
         return 0
 
     def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
-        """The update's forward pass: ``logits`` ``[B, Tc, V]`` or packed ``[N, V]`` (read with
-        ``completion_logprobs``), and ``values`` for a critic."""
-        return {"logits": completion_logits(model, sb)}
+        """The update's and the no-grad passes' forward: ``policy``, the ``PolicyOutputs`` the
+        log-probs are read from (``algo.logprob_chunk_tokens``: the hidden states a chunk at a
+        time, or the full logits), and ``values`` for a critic."""
+        chunk = self.cfg.algo.logprob_chunk_tokens
+        return {"policy": policy_outputs(model, sb, chunk_tokens=chunk)[0]}
 
     def loss(self, mb: MicroBatch, counts: MinibatchCounts) -> tuple[torch.Tensor, dict]:
         """Loss of one micro-batch, already divided by the minibatch's global denominators:

@@ -14,7 +14,7 @@ import torch
 
 from rlvr.algorithms import gae_advantages, value_loss, whiten
 from rlvr.distributed import sum_over_ranks
-from rlvr.model.forward import SequenceBatch, completion_outputs
+from rlvr.model.forward import SequenceBatch, policy_outputs
 from rlvr.objectives.base import Needs, Objective, no_wrap, register
 from rlvr.objectives.batch import MicroBatch, MinibatchCounts, RolloutBatch, pad_rows
 
@@ -60,9 +60,11 @@ class PPO(Objective):
         return Needs(reference=super().needs().reference, old_logp=True, values=True)
 
     def forward(self, model: torch.nn.Module, sb: SequenceBatch) -> dict[str, torch.Tensor]:
-        """Policy logits and the critic's value of each completion position ``[B, Tc]``."""
-        logits, hidden = completion_outputs(model, sb, hidden_states=True)
-        return {"logits": logits, "values": self._value_fn(hidden.float()).squeeze(-1)}
+        """The policy's outputs and the critic's value of each completion position ``[B, Tc]``
+        (from the same last hidden states the chunked log-probs read)."""
+        chunk = self.cfg.algo.logprob_chunk_tokens
+        policy, hidden = policy_outputs(model, sb, chunk_tokens=chunk, hidden_states=True)
+        return {"policy": policy, "values": self._value_fn(hidden.float()).squeeze(-1)}
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         comp_ids = batch.comp_ids

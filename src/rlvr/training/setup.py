@@ -30,10 +30,9 @@ from rlvr.distributed import (
 from rlvr.jsonio import atomic_write_text
 from rlvr.model import lean_backward
 from rlvr.model.attention import use_training_attention
-from rlvr.model.forward import SequenceBatch, completion_logits
+from rlvr.model.forward import SequenceBatch, policy_outputs
 from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
 from rlvr.model.loading import model_context_length, prepare_tokenizer, resolve_model_path
-from rlvr.model.logprobs import completion_logprobs
 from rlvr.model.lora import apply_lora
 from rlvr.model.precision import resolve_autocast
 from rlvr.model.vlm import load_policy_model
@@ -43,7 +42,8 @@ from rlvr.rollout.builder import build_engine
 from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.batching import PromptSampler
 from rlvr.training.preflight.checks import check_config, distributed_problems
-from rlvr.training.preflight.memory_plan import MemoryPlan, memory_preflight
+from rlvr.training.preflight.memory_check import memory_preflight
+from rlvr.training.preflight.memory_plan import MemoryPlan
 from rlvr.training.schedule import build_scheduler, run_preflight
 from rlvr.training.state import TrainState
 
@@ -114,13 +114,14 @@ class Run:
     def reference_logprobs(self, sb: SequenceBatch, temperature: float) -> torch.Tensor:
         """``[B, Tc]`` log-probs of the frozen reference: the initial model's copy, or with LoRA
         the base model with its adapters disabled."""
+        chunk = self.cfg.algo.logprob_chunk_tokens
         with self.autocast_context():
             if self.ref_model is not None:
-                logits = completion_logits(self.ref_model, sb)
-            else:
-                with self.model.disable_adapter():
-                    logits = completion_logits(self.model, sb)
-        return completion_logprobs(logits, sb, temperature, entropy=False)[0]
+                out, _ = policy_outputs(self.ref_model, sb, chunk_tokens=chunk)
+                return out.logprobs(sb, temperature, entropy=False)[0]
+            with self.model.disable_adapter():  # the head read inside: adapters off there too
+                out, _ = policy_outputs(self.model, sb, chunk_tokens=chunk)
+                return out.logprobs(sb, temperature, entropy=False)[0]
 
     def close(self) -> None:
         """Stop what the run started outside this process's memory: engine, reward workers."""

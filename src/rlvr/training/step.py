@@ -20,7 +20,6 @@ import torch
 from rlvr.algorithms import kl_estimate, overlong_penalty
 from rlvr.data.multimodal import render_inputs
 from rlvr.distributed import all_gather_objects, all_reduce_sum
-from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
@@ -292,7 +291,7 @@ class Step:
                 )
                 with self.run.autocast_context():
                     out = self.run.objective.forward(self.state.model, sb)
-                lp, _ = completion_logprobs(out["logits"], sb, temperature, entropy=False)
+                lp, _ = out.pop("policy").logprobs(sb, temperature, entropy=False)
                 diffs += engine_diffs(lp, idx, comp_ids, batch.completions)
                 t = time.perf_counter()
                 ref_lp = self.run.reference_logprobs(sb, temperature) if needs.reference else None

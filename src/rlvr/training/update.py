@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from rlvr.distributed import all_gather_objects, all_reduce_sum
-from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives.batch import (
     MicroBatch,
     MinibatchCounts,
@@ -60,13 +59,12 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
                 )
                 with run.autocast_context():
                     out = objective.forward(run.train_model, sb)
-                logp, ent = completion_logprobs(
-                    out["logits"], sb, temperature, entropy_grad=a.entropy_coef != 0
+                logp, ent = out["policy"].logprobs(
+                    sb, temperature, entropy_grad=a.entropy_coef != 0
                 )
-                # the logits are not needed by the backward (log_softmax keeps its output):
-                # dropped here, they are not held through it (75 MB in float32 for 8 x 48
-                # padded tokens)
-                del out["logits"]
+                # full path: the logits are not needed by the backward (log_softmax keeps its
+                # output): dropped here, they are not held through it
+                del out["policy"]
                 if batch.old_logp is None and epoch == 0:
                     diffs += engine_diffs(logp.detach(), idx, comp_ids, comps)
                 mask = sb.completion_mask * valid[idx].float().unsqueeze(1)

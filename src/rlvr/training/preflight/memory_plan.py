@@ -8,11 +8,9 @@ counted from what autograd keeps for the backward (``ACT_COEF``), the logits sep
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from rlvr.model.attention import choose_attention
-from rlvr.model.loading import ModelLoadError, read_model_config
 from rlvr.model.precision import resolve_autocast
 from rlvr.model.shape import ModelShape, shape_from_config
 from rlvr.model.vlm import is_vlm_config
@@ -60,6 +58,7 @@ class PlanSpec:
     eager_attention: bool = True
     gradient_checkpointing: bool = False
     lean_backward: bool = False  # model.lean_backward: linears keep float32 weights, no bf16 copy
+    logprob_chunk_tokens: int = 0  # algo.logprob_chunk_tokens; 0: the full logits at once
     reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
     engine: str = "hf"  # "hf" (the transformers engine) | "vllm"
     engine_weight_bytes: int = 4
@@ -104,13 +103,38 @@ def activation_bytes(s: PlanSpec) -> int:
     return tokens * (sh.layers * residual * sh.hidden + per_token_layer)
 
 
-def logits_bytes(s: PlanSpec) -> int:
-    """The completion logits ``[rows, completion, vocab]``: the model's output, its float32 copy
-    for the log-softmax (when the output is bf16), and their gradient (the sum and one chunk's
-    full-size slice gradient)."""
+def full_logits_bytes(s: PlanSpec) -> int:
+    """The completion logits ``[rows, completion, vocab]`` all at once: the model's output, its
+    float32 copy for the log-softmax (when the output is bf16), and their gradient (the sum
+    and one chunk's full-size slice gradient)."""
     out = 4 if s.precision == "fp32" else 2
     fp32_copy = 0 if s.precision == "fp32" else 4
     return s.micro_rows * s.completion_tokens * s.shape.vocab * (out + fp32_copy + 2 * out)
+
+
+# Bytes per logit of one chunk (model/head_logprobs.py): two float32 [chunk, vocab] buffers alive
+# at once, log p and p, in the forward and in the backward (a bf16 matmul output lives only
+# while its float32 copy is made, the bf16 gradient only after log p is freed).
+CHUNK_BYTES_PER_LOGIT = 8
+
+
+def logits_bytes(s: PlanSpec) -> int:
+    """The log-probs' own memory: the full logits (``full_logits_bytes``) or, with
+    ``logprob_chunk_tokens``, one chunk's (``CHUNK_BYTES_PER_LOGIT``) plus, under autocast with
+    lean_backward, the bf16 copy of the head the chunks multiply by (autocast's own weight
+    copies are counted with the other layers')."""
+    if not s.logprob_chunk_tokens:
+        return full_logits_bytes(s)
+    positions = min(s.logprob_chunk_tokens, s.micro_rows * s.completion_tokens)
+    head_copy = s.shape.vocab * s.shape.hidden * 2 if s.precision == "autocast" else 0
+    return positions * s.shape.vocab * CHUNK_BYTES_PER_LOGIT + (head_copy if s.lean_backward else 0)
+
+
+def logits_term(s: PlanSpec) -> str:
+    """The plan's name for ``logits_bytes``."""
+    if s.logprob_chunk_tokens:
+        return f"logits, chunks of {s.logprob_chunk_tokens} tokens (log-softmax, fp32)"
+    return "logits (log-softmax, fp32)"
 
 
 @dataclass(frozen=True)
@@ -183,7 +207,7 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     if s.precision == "autocast" and not s.lean_backward:
         update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
     update["activations"] = activation_bytes(s)
-    update["logits (log-softmax, fp32)"] = logits_bytes(s)
+    update[logits_term(s)] = logits_bytes(s)
     rollout = {}
     if s.engine == "hf":
         rollout["generation KV cache (transformers)"] = s.kv_cache_bytes
@@ -193,64 +217,6 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     else:
         resident.update(engine)
     return MemoryPlan(resident, update, rollout, s)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:7.2f} GiB"
-
-
-def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "") -> str:
-    s = plan.spec
-    kind = f"LoRA r={s.lora_rank}" if s.lora_rank else "full fine-tuning"
-    par = f"{s.world_size} x {s.parallel}" if s.world_size > 1 else "1 process"
-    lines = [
-        f"memory plan per device ({kind}, {par}, {s.precision}; micro-batch {s.micro_rows} x "
-        f"({s.prompt_tokens} + {s.completion_tokens}) tokens; {s.shape.params / 1e6:.1f}M params, "
-        f"{s.trainable / 1e6:.2f}M trainable):"
-    ]
-    phases = {"held": plan.resident, "update": plan.update, "rollout": plan.rollout}
-    for title, terms in phases.items():
-        for name, n in terms.items():
-            if n:
-                lines.append(f"  {title:8s} {name:52s} {_gib(n)}")
-    how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
-    lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
-    if available is not None:
-        verdict = "fits" if plan.peak <= available else "DOES NOT FIT"
-        lines.append(f"  available{where}: {_gib(available).strip()} -> {verdict}")
-    return "\n".join(lines)
-
-
-def fixes(s: PlanSpec, available: int) -> list[str]:
-    """Knob changes (each alone) that bring the peak under ``available``, with the new peak:
-    the largest micro-batch that fits, the fewest processes, and each switch that suffices."""
-    rep = dataclasses.replace
-    rows = [(f"algo.micro_batch_size={r}", rep(s, micro_rows=r)) for r in range(s.micro_rows)]
-    groups: list[list[tuple[str, PlanSpec]]] = [rows[:0:-1]]
-    if not s.gradient_checkpointing:
-        groups.append([("model.gradient_checkpointing=true", rep(s, gradient_checkpointing=True))])
-    if not s.lora_rank:
-        targets = ("q_proj", "k_proj", "v_proj", "o_proj")
-        lora = rep(s, lora_rank=16, lora_targets=targets, reference=False)
-        groups.append([("model.lora.enabled=true", lora)])
-    if s.engine == "vllm" and s.engine_total_bytes and not s.engine_sleeps:
-        groups.append([("rollout.sleep_during_update=true", rep(s, engine_sleeps=True))])
-    if s.engine == "vllm":
-        half = rep(
-            s, kv_cache_bytes=s.kv_cache_bytes // 2, engine_total_bytes=s.engine_total_bytes // 2
-        )
-        groups.append([("rollout.gpu_memory_utilization halved", half)])
-    worlds = [n for n in (2, 4, 8, 16, 32, 64, 128) if n > s.world_size]
-    fsdp = [rep(s, world_size=n, parallel="fsdp2") for n in worlds]
-    groups.append([(f"{a.world_size} processes with train.parallel=fsdp2", a) for a in fsdp])
-    out = []
-    for group in groups:
-        for label, alt in group:
-            peak = build_plan(alt).peak
-            if peak <= available:
-                out.append(f"{label} (peak {_gib(peak).strip()})")
-                break
-    return out
 
 
 # ----------------------------------------------------------------------------- from a run config
@@ -309,6 +275,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         eager_attention=choose_attention(m.attention, device, completion) == "eager",
         gradient_checkpointing=m.gradient_checkpointing,
         lean_backward=m.lean_backward,
+        logprob_chunk_tokens=a.logprob_chunk_tokens or 0,
         reference=build_objective(cfg).needs().reference and not lora.enabled,
         engine=engine,
         engine_weight_bytes=torch.empty((), dtype=edtype).element_size(),
@@ -319,60 +286,3 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         baseline_bytes=CPU_BASELINE_BYTES if device == "cpu" else 0,
         phases_add=device == "cpu",
     )
-
-
-def memory_preflight(
-    cfg, *, world_size: int = 1, echo: bool = True
-) -> tuple[list[str], MemoryPlan | None]:
-    """Print the plan (with ``echo``); return the problems that refuse the run (a GPU plan that
-    cannot fit) and the plan (None when the model's shape cannot be read). On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``, else
-    ``world_size``) share its available RAM (psutil); a plan over it is a warning only."""
-    import os
-
-    import psutil
-    import torch
-
-    def say(text: str) -> None:
-        if echo:
-            print(text, flush=True)
-
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    want = cfg.model.device
-    cuda = want.startswith("cuda") or (want == "auto" and torch.cuda.is_available())
-    device = "cuda" if cuda else "cpu"
-    if want in ("auto", "cuda"):  # this rank's GPU, as device_for picks it
-        want = f"cuda:{os.environ.get('LOCAL_RANK', '0')}"
-    try:
-        model_config = read_model_config(cfg.model.name_or_path)
-        # a vision-language model: its language model's shape (the vision tower, a few % of a
-        # Qwen2-VL's weights, is not counted)
-        model_config = getattr(model_config, "get_text_config", lambda: model_config)()
-        shape_from_config(model_config)  # AttributeError: not a Llama-style config
-    except (AttributeError, OSError, ValueError, ModelLoadError) as exc:
-        say(f"memory plan: skipped (cannot read the model's shape: {exc!r})")
-        return [], None
-    if device == "cuda":
-        free, total = torch.cuda.mem_get_info(torch.device(want))
-        available, where = free, " (free on this GPU, torch.cuda.mem_get_info)"
-    else:
-        vm, per = psutil.virtual_memory(), max(1, local_processes)
-        total, available = int(vm.total), int(vm.available) // per
-        where = " (psutil available RAM" + (f" / {per} processes)" if per > 1 else ")")
-    try:
-        spec = spec_for(cfg, model_config, world_size=world_size, device=device, device_total=total)
-    except ValueError as exc:  # vLLM's KV budget below one sequence
-        return [f"memory plan: {exc}"], None
-    plan = build_plan(spec)
-    say(format_plan(plan, available, where))
-    if plan.peak <= available:
-        return [], plan
-    knobs = fixes(spec, available)
-    need = (
-        f"the plan needs {plan.peak / GIB:.2f} GiB per device but {available / GIB:.2f} GiB is "
-        "available; "
-        + (f"each of these alone fits: {'; '.join(knobs)}" if knobs else "no knob alone fits")
-    )
-    if device == "cpu":
-        say(f"memory plan warning: {need}")
-        return [], plan
-    return [need], plan

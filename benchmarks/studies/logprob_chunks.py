@@ -1,0 +1,302 @@
+"""The update of one micro-batch with a real vocabulary: log-probs from the hidden states a chunk
+at a time (``algo.logprob_chunk_tokens``), rlvr's full-logits path (knob 0) and TRL's loss path.
+
+    python -m benchmarks.studies.logprob_chunks --tokens 512,2048 --out benchmarks/results/
+
+A Qwen2-shaped model built from a config (Qwen's 151,936-token vocabulary, hidden 256, 2 layers,
+random weights, float32, sdpa attention for every side), 8 replies of ``T`` tokens after one
+64-token prompt. Each (side, length) runs once in a process of its own, the sides alternating
+per length; a process builds the model and the batch, resets its peak RSS
+(``/proc/self/clear_refs``), then times one update: forward, log-probs (and entropies, as each
+side's update computes them), a Dr.GRPO clipped loss, backward. Peak memory is the process's
+``VmHWM`` after that reset (what the update added on top of the model and the batch is
+``peak - before``).
+
+TRL's side is TRL's loss path reproduced from its source (``GRPOTrainer._get_per_token_logps_
+and_entropies``: the model's logits for the last ``T + 1`` positions, the last dropped, divided by
+the temperature, ``selective_log_softmax`` (gather, then a ``logsumexp`` per row) and, under no
+gradient, ``entropy_from_logits`` (128-row chunks); ``trl/trainer/grpo_trainer.py`` and
+``trl/trainer/utils.py``), since TRL's venv is not built on every machine. A side whose full
+``[8, T, 151936]`` float32 logits would not fit beside the others (``--max-full-tokens``) is not
+run at that length: its peak is extrapolated from the shorter lengths (linear in T, as its
+logits term is) and marked so.
+
+Writes ``<out>/<date>-logprob-chunks.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+VOCAB = 151_936
+ROWS = 8
+PROMPT = 64
+SIDES = ("chunked", "full", "trl")
+
+
+def _status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process: on a machine shared with other work, less
+    sensitive than wall time to how many cores the others leave free."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def build_model(seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=704,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).float().train()
+
+
+def trl_logps(model, input_ids, attention_mask, completion_ids, temperature: float):
+    """TRL's ``_get_per_token_logps_and_entropies`` (training: ``compute_entropy=True``)."""
+    import torch
+    import torch.nn.functional as F
+
+    keep = completion_ids.shape[1]
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep + 1
+    ).logits
+    logits = logits[:, :-1, :]
+    logits = logits[:, -keep:, :]
+    logits = logits / temperature
+    # selective_log_softmax, float32 branch: gather, then logsumexp one row at a time
+    selected = torch.gather(logits, dim=-1, index=completion_ids.unsqueeze(-1)).squeeze(-1)
+    lse = torch.stack([torch.logsumexp(lg, dim=-1) for lg in logits])
+    logps = selected - lse
+    with torch.no_grad():  # entropy_from_logits, 128-row chunks
+        flat = logits.reshape(-1, logits.shape[-1])
+        ents = []
+        for chunk in flat.split(128):
+            lp = F.log_softmax(chunk, dim=-1)
+            ents.append(-(lp.exp() * lp).sum(-1))
+        entropies = torch.cat(ents).reshape(logits.shape[:-1])
+    return logps, entropies
+
+
+def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
+    import torch
+
+    from rlvr.algorithms import policy_loss
+    from rlvr.model.forward import build_sequence_batch, policy_outputs
+
+    torch.set_num_threads(threads)
+    model = build_model()
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(10, VOCAB, (PROMPT,), generator=g).tolist()
+    comps = [torch.randint(10, VOCAB, (tokens,), generator=g).tolist() for _ in range(ROWS)]
+    sb = build_sequence_batch([prompt] * ROWS, comps, pad_id=0)
+    adv = torch.randn(ROWS, generator=g)
+    mask = sb.completion_mask
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to now
+    before = _status_kib("VmRSS")
+    cpu0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    if side == "trl":
+        logp, _ = trl_logps(model, sb.input_ids, sb.attention_mask, sb.completion_ids, 1.0)
+    else:
+        out, _ = policy_outputs(model, sb, chunk_tokens=chunk if side == "chunked" else 0)
+        logp, _ = out.logprobs(sb, 1.0)
+        del out
+    t_fwd = time.perf_counter() - t0
+    # Dr.GRPO: both sides' clipped surrogate, sum over tokens / (rows x max length)
+    loss, _ = policy_loss(
+        logp,
+        logp.detach(),
+        adv,
+        mask,
+        agg_mode="seq_mean_token_sum_norm",
+        max_len=tokens,
+    )
+    loss.backward()
+    total = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
+    return {
+        "side": side,
+        "tokens": tokens,
+        "rows": ROWS,
+        "chunk": chunk if side == "chunked" else 0,
+        "seconds": total,
+        "forward_seconds": t_fwd,
+        "cpu_seconds": cpu,
+        "rss_before_mib": before / 1024,
+        "peak_rss_mib": _status_kib("VmHWM") / 1024,
+        "update_added_mib": (_status_kib("VmHWM") - before) / 1024,
+        "loss": float(loss.detach()),
+    }
+
+
+def full_logits_gib(tokens: int) -> float:
+    return ROWS * tokens * VOCAB * 4 / 2**30
+
+
+def run_one(side: str, tokens: int, chunk: int, threads: int) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.studies.logprob_chunks", "--child", side]
+    cmd += ["--tokens", str(tokens), "--chunk", str(chunk), "--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def slope_mib_per_1k(rows: list[dict], key: str = "update_added_mib") -> float | None:
+    """Least-squares slope of ``key`` against tokens per reply, per 1,000 tokens."""
+    pts = [(r["tokens"], r[key]) for r in rows if not r.get("extrapolated")]
+    if len(pts) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    num = sum((x - mx) * (y - my) for x, y in pts)
+    den = sum((x - mx) ** 2 for x, _ in pts)
+    return 1000 * num / den
+
+
+def extrapolate(rows: list[dict], tokens: int) -> dict | None:
+    """A side's peak at ``tokens`` from its measured lengths, linear in tokens."""
+    pts = sorted((r["tokens"], r) for r in rows if not r.get("extrapolated"))
+    if len(pts) < 2:
+        return None
+    (x0, a), (x1, b) = pts[-2], pts[-1]
+    out = {"side": a["side"], "tokens": tokens, "rows": ROWS, "extrapolated": True}
+    for key in ("peak_rss_mib", "update_added_mib", "seconds", "cpu_seconds"):
+        out[key] = a[key] + (b[key] - a[key]) * (tokens - x0) / (x1 - x0)
+    return out
+
+
+def render(payload: dict) -> str:
+    lines = [
+        f"# Log-probs without the full logits ({payload['date']})",
+        "",
+        f"{payload['machine']}; torch {payload['torch']}; {payload['threads']} threads. One update "
+        f"of {ROWS} replies x T tokens (+{PROMPT}-token prompt), Qwen2-shaped model "
+        f"(vocab {VOCAB}, hidden 256, 2 layers, float32, random weights); chunked: "
+        f"algo.logprob_chunk_tokens={payload['chunk']}. Peak = the process's VmHWM after a reset "
+        "just before the update; 'added' = peak minus RSS before the update. "
+        "CPU seconds: user + system time of the update (wall time moves with the load "
+        f"others put on the machine: load average {payload.get('load', '?')} at the start). "
+        "(x) = extrapolated linearly from the two longest measured lengths (not run: its full "
+        "logits would not fit on this machine beside the others).",
+        "",
+        "| T | side | peak RSS MiB | added MiB | seconds | CPU seconds | peak / TRL | peak / full "
+        "| time / full | CPU time / full |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in payload["rows"]:
+        mark = " (x)" if r.get("extrapolated") else ""
+        lines.append(
+            f"| {r['tokens']} | {r['side']}{mark} | {r['peak_rss_mib']:.0f} | "
+            f"{r['update_added_mib']:.0f} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | "
+            f"{r.get('peak_vs_trl', '')} | {r.get('peak_vs_full', '')} | "
+            f"{r.get('time_vs_full', '')} | {r.get('cpu_vs_full', '')} |"
+        )
+    lines += [
+        "",
+        "Slope of the update's added memory per 1k tokens per reply (measured points):",
+        "",
+    ]
+    for side, s in payload["slopes_mib_per_1k"].items():
+        lines.append(f"- {side}: {s:.0f} MiB" if s is not None else f"- {side}: n/a")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--child", choices=SIDES)
+    p.add_argument("--tokens", default="512,2048")
+    p.add_argument("--chunk", type=int, default=1024)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-full-tokens", type=int, default=1024, help="longest T the full sides run")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child, int(args.tokens), args.chunk, args.threads)))
+        return 0
+    import platform
+
+    import torch
+
+    lengths = [int(t) for t in args.tokens.split(",")]
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    for tokens in lengths:
+        for side in SIDES:
+            if side != "chunked" and tokens > args.max_full_tokens:
+                continue
+            r = run_one(side, tokens, args.chunk, args.threads)
+            print(json.dumps(r), flush=True)
+            rows.append(r)
+    for tokens in lengths:
+        for side in ("full", "trl"):
+            if tokens > args.max_full_tokens:
+                est = extrapolate([r for r in rows if r["side"] == side], tokens)
+                if est:
+                    rows.append(est)
+    by = {(r["side"], r["tokens"]): r for r in rows}
+    for r in rows:
+        trl, full = by.get(("trl", r["tokens"])), by.get(("full", r["tokens"]))
+        if trl:
+            r["peak_vs_trl"] = round(r["peak_rss_mib"] / trl["peak_rss_mib"], 3)
+        if full:
+            r["peak_vs_full"] = round(r["peak_rss_mib"] / full["peak_rss_mib"], 3)
+            r["time_vs_full"] = round(r["seconds"] / full["seconds"], 3)
+            r["cpu_vs_full"] = round(r["cpu_seconds"] / full["cpu_seconds"], 3)
+    rows.sort(key=lambda r: (r["tokens"], SIDES.index(r["side"])))
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except StopIteration:
+        cpu = platform.processor()
+    payload = {
+        "date": dt.date.today().isoformat(),
+        "machine": cpu,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "chunk": args.chunk,
+        "load": load,
+        "rows": rows,
+        "slopes_mib_per_1k": {
+            s: slope_mib_per_1k([r for r in rows if r["side"] == s]) for s in SIDES
+        },
+        "wall_seconds": time.perf_counter() - t0,
+        "command": "python -m benchmarks.studies.logprob_chunks " + " ".join(argv or sys.argv[1:]),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"{payload['date']}-logprob-chunks"
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem.with_suffix(".md").write_text(render(payload))
+    print(render(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The log-prob chunks study's arithmetic, worked by hand, and TRL's loss path reproduced there
+against the full log-softmax."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.studies.logprob_chunks import extrapolate, slope_mib_per_1k, trl_logps
+
+
+def _row(tokens, added, peak, seconds, **kw):
+    return {
+        "cpu_seconds": 2 * seconds,
+        "side": "full",
+        "tokens": tokens,
+        "update_added_mib": added,
+        "peak_rss_mib": peak,
+        "seconds": seconds,
+        **kw,
+    }
+
+
+def test_slope_per_1k_tokens_and_linear_extrapolation():
+    rows = [_row(128, 1600, 2300, 50), _row(512, 6208, 6908, 230)]
+    # (6208 - 1600) / (512 - 128) = 12 MiB a token: 12,000 MiB per 1k tokens
+    assert slope_mib_per_1k(rows) == pytest.approx(12000)
+    est = extrapolate(rows, 2048)
+    # 6208 + 12 x 1536 = 24,640; 6908 + 12 x 1536 = 25,340; 230 + 180/384 x 1536 = 950 s
+    assert est["extrapolated"] and est["update_added_mib"] == pytest.approx(24640)
+    assert est["peak_rss_mib"] == pytest.approx(25340)
+    assert est["seconds"] == pytest.approx(950)
+    # an extrapolated point never enters a slope; one measured point gives none
+    assert slope_mib_per_1k([rows[0], est]) is None
+
+
+def test_trl_path_gives_the_log_softmax_of_the_completion_tokens():
+    class Tiny(torch.nn.Module):  # logits = one-hot of the input id, scaled: easy to predict
+        def forward(self, input_ids, attention_mask, logits_to_keep):
+            logits = torch.nn.functional.one_hot(input_ids, 5).float() * 2.0
+            return type("Out", (), {"logits": logits[:, -logits_to_keep:]})
+
+    ids = torch.tensor([[1, 2, 3, 4]])
+    comp = ids[:, -2:]
+    logps, ents = trl_logps(Tiny(), ids, torch.ones_like(ids), comp, 0.5)
+    # position t predicts token t+1 from logits one-hot(ids[t]) x 2 / 0.5
+    want = torch.log_softmax(torch.nn.functional.one_hot(ids[:, 1:3], 5).float() * 4.0, -1)
+    assert torch.allclose(logps, want.gather(-1, comp[..., None])[..., 0])
+    assert torch.allclose(ents, -(want.exp() * want).sum(-1))
