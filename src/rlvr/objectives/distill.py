@@ -22,9 +22,8 @@ from collections.abc import Callable
 import torch
 
 from rlvr.algorithms import group_advantages
-from rlvr.model.forward import completion_logits
+from rlvr.model.forward import policy_outputs
 from rlvr.model.loading import load_model_and_tokenizer
-from rlvr.model.logprobs import completion_logprobs
 from rlvr.objectives.base import Needs, Objective, no_wrap, register
 from rlvr.objectives.batch import RolloutBatch
 
@@ -78,7 +77,10 @@ class Distill(Objective):
         pad = self.tokenizer.pad_token_id
         for idx in self.micro_batches(list(range(batch.size)), batch):
             sb = batch.sequence_batch(idx, pad, share_prompt=self.cfg.algo.share_prompt)
-            lp, _ = completion_logprobs(completion_logits(self.teacher, sb), sb, entropy=False)
+            scored, _ = policy_outputs(
+                self.teacher, sb, chunk_tokens=self.cfg.algo.logprob_chunk_tokens
+            )
+            lp, _ = scored.logprobs(sb, 1.0, entropy=False)
             for row, i in enumerate(idx):
                 out[i] = lp[row, : len(comp_ids[i])].float()
         return out
