@@ -63,8 +63,13 @@ def steps(run_dir: Path) -> list[dict]:
 
 
 def computed(m: dict) -> dict:
-    """A step's metrics without the clock (times and throughputs)."""
-    return {k: v for k, v in m.items() if not k.startswith("time_") and not k.endswith("_per_s")}
+    """A step's metrics without what the clock and the allocator measure (times, throughputs,
+    memory)."""
+    return {
+        k: v
+        for k, v in m.items()
+        if not k.startswith(("time_", "mem_")) and not k.endswith("_per_s")
+    }
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

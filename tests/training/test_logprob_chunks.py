@@ -4,6 +4,8 @@ the old-log-prob pass or the reference pass."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from test_train_e2e import one_float32_step
@@ -11,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import rlvr.training.step as step_module
 from rlvr.objectives import OBJECTIVES
+from rlvr.training.tiny import save_tiny_model
 
 # Each objective once, one optimizer step each (later steps would start from weights that
 # differ by rounding); the first also takes the reference (KL in the loss), the old-log-prob
@@ -35,11 +38,23 @@ CASES = [
     ("cispo", []),
     ("psgrpo_steps", ["algo.psgrpo.prm=toy_rewards:toy_prm", "algo.psgrpo.step_pattern='[a-z]'"]),
     ("prm_dense", ["algo.psgrpo.prm=toy_rewards:toy_prm", "algo.psgrpo.step_pattern='[a-z]'"]),
+    ("gspo_token", []),  # the paper's clip comes with the objective
+    # a teacher drawn from another seed: its log-probs differ from the student's, so the
+    # per-token advantages (teacher - student) are not rounding noise
+    ("distill", ["algo.teacher.name_or_path={teacher}"]),
 ]
 
 
 def test_the_cases_cover_every_objective():
     assert sorted({name for name, _ in CASES}) == sorted(OBJECTIVES)
+
+
+def teacher_dir(tmp_path: Path) -> Path:
+    """A tiny model over the same char tokenizer as ``tiny_model_dir``'s, from another seed."""
+    folder = tmp_path / "teacher"
+    if not folder.exists():
+        save_tiny_model(folder, seed=1)
+    return folder
 
 
 def gradients_at_each_optimizer_step(trainer) -> list[dict[str, torch.Tensor]]:
@@ -72,7 +87,7 @@ def test_every_objective_s_gradient_equals_the_full_path(
             f"algo.objective={objective}",
             f"algo.logprob_chunk_tokens={chunk}",
             "rollout.max_new_tokens=8",
-            *extra,
+            *(e.format(teacher=teacher_dir(tmp_path)) for e in extra),
             before=gradients_at_each_optimizer_step,
         )
         runs[chunk] = metrics, grads
