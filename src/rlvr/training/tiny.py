@@ -28,12 +28,19 @@ def build_char_tokenizer():
     It is a real ``PreTrainedTokenizerFast`` with a chat template, so every code path that works
     with it works with a hub tokenizer too, but a model over it has a ~110-token vocabulary.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
     chars = [c for c in string.printable if c not in "\x0b\x0c\r"]
     vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    return _char_level_tokenizer(vocab, eos="<|im_end|>")
+
+
+def _char_level_tokenizer(vocab: dict[str, int], *, eos: str):
+    """A character-level ``PreTrainedTokenizerFast`` over ``vocab`` with the chat specials, the
+    chat template and left padding (what both tiny tokenizers share)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -42,7 +49,7 @@ def build_char_tokenizer():
         unk_token="<unk>",
         pad_token="<pad>",
         bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
+        eos_token=eos,
     )
     fast.chat_template = _CHAT_TEMPLATE
     fast.padding_side = "left"
@@ -57,8 +64,6 @@ def build_fixed_length_tokenizer(vocab_size: int):
     ``vocab_size``: a model with ``vocab_size`` output rows can never emit it, so every reply
     runs to ``max_new_tokens`` on any sampler (the GPU benchmark's equal work, the memory plan's
     GPU test). Fillers are letters only, so a reply's text holds no digits by chance."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     base = build_char_tokenizer()
     vocab = dict(base.get_vocab())
@@ -76,18 +81,7 @@ def build_fixed_length_tokenizer(vocab_size: int):
         vocab.setdefault(f"\u27e8{name}\u27e9", len(vocab))  # ⟨name⟩: no char token's spelling
         i += 1
     vocab[FIXED_LENGTH_EOS] = vocab_size
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        pad_token="<pad>",
-        bos_token="<|im_start|>",
-        eos_token=FIXED_LENGTH_EOS,
-    )
-    fast.chat_template = _CHAT_TEMPLATE
-    fast.padding_side = "left"
+    fast = _char_level_tokenizer(vocab, eos=FIXED_LENGTH_EOS)
     return fast
 
 
