@@ -113,7 +113,7 @@ def test_config_refuses_what_episodes_do_not_support_yet():
         None,
         [
             "env.name=calculator",
-            "rollout.engine=vllm",
+            "rollout.tensor_parallel_size=2",
             "rollout.max_staleness=1",
             "data.template=r1",
             "reward.overlong_buffer=4",
@@ -123,7 +123,7 @@ def test_config_refuses_what_episodes_do_not_support_yet():
     )
     text = "\n".join(config_problems(cfg))
     for knob in (
-        "rollout.engine=vllm with env.name: not supported yet",
+        "rollout.tensor_parallel_size>1 with env.name: not supported yet",
         "rollout.max_staleness=1 with env.name",
         "data.template=r1 with env.name",
         "reward.overlong_buffer with env.name",
@@ -131,5 +131,30 @@ def test_config_refuses_what_episodes_do_not_support_yet():
     ):
         assert knob in text
     assert config_problems(load_config(None, ["env.name=calculator"])) == []
+    # both engines and the rollout server play episodes (one request per turn)
+    for engine in ("rollout.engine=vllm", "rollout.engine=hf", "rollout.mode=server"):
+        assert config_problems(load_config(None, ["env.name=calculator", engine])) == []
     bad = load_config(None, ["env.name=user_envs:NoSuchClass"])
     assert "env.name='user_envs:NoSuchClass'" in "\n".join(config_problems(bad))
+
+
+def test_the_engine_context_holds_a_whole_episode_and_one_more_turn():
+    """vLLM refuses a prompt + max_new_tokens over its max_model_len: a late turn's prompt is
+    the episode so far (up to rollout.max_episode_tokens after the prompt), and it may still ask
+    rollout.max_new_tokens before the episode's budget cuts it."""
+    from rlvr.rollout.vllm_setup import max_model_len_for
+
+    knobs = ["data.max_prompt_tokens=64", "rollout.max_new_tokens=16", "eval.max_new_tokens=8"]
+    assert max_model_len_for(load_config(None, knobs)) == 64 + 16
+    episodes = [*knobs, "env.name=calculator", "rollout.max_episode_tokens=100"]
+    assert max_model_len_for(load_config(None, episodes)) == 64 + 100 + 16
+
+
+def test_auto_picks_vllm_for_episodes_where_it_is_installed(monkeypatch):
+    import rlvr.rollout.builder as builder
+
+    cfg = load_config(None, ["env.name=calculator"])
+    monkeypatch.setattr(builder, "vllm_available", lambda: True)
+    assert builder.engine_for(cfg) == "vllm"
+    monkeypatch.setattr(builder, "vllm_available", lambda: False)
+    assert builder.engine_for(cfg) == "hf"

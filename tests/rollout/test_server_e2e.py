@@ -50,6 +50,11 @@ RUN = [
 ]
 
 
+# The worker serves the config a run gives it; with env.name its context is sized for episodes.
+EPISODE_CONTEXT = ["env.name=guess_number", "rollout.max_episode_tokens=40"]
+EPISODES = ["env.name=user_envs:CountDown", "env.kwargs.start=2", "rollout.max_episode_tokens=40"]
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     from rlvr.training.tiny import save_tiny_model
@@ -65,7 +70,8 @@ def server(model_dir, tmp_path_factory):
     port = free_port("127.0.0.1")
     log = tmp_path_factory.mktemp("srv_log") / "server.log"
     cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
-    cmd += [*RUN, "--port", str(port), "--host", "127.0.0.1"]
+    # the worker's context holds a whole episode (max_model_len_for), for the episodes test
+    cmd += [*RUN, *EPISODE_CONTEXT, "--port", str(port), "--host", "127.0.0.1"]
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     with open(log, "wb") as out:
@@ -160,6 +166,48 @@ def test_staleness_0_matches_the_in_process_engine(model_dir, server, tmp_path):
     wa, wb = remote.model.state_dict(), local.model.state_dict()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=1e-5, msg=name)
+
+
+def test_episodes_through_the_server_match_the_in_process_engine(model_dir, server, tmp_path):
+    """One request per turn, the episode so far as the prompt: the server plays the same
+    episodes (same tokens, same environment turns) as the in-process engine with the same
+    per-request seeds, and its log-probs at the model's tokens are the trainer's."""
+    common = (*EPISODES, "logging.samples_every=1", "train.max_steps=2")
+    torch.manual_seed(0)
+    remote = Trainer(
+        _config(
+            model_dir,
+            tmp_path / "server",
+            "rollout.mode=server",
+            f"rollout.server_url={server}",
+            *common,
+        )
+    )
+    remote.fit()
+    torch.manual_seed(0)
+    local = Trainer(_config(model_dir, tmp_path / "local", *common))
+    SeededInProcess.patch(local.engine)
+    local.fit()
+
+    a, b = _lines(remote.run.run_dir), _lines(local.run.run_dir)
+    assert _samples(remote.run.run_dir) == _samples(local.run.run_dir)
+    for x, y in zip(a, b, strict=True):
+        assert x["env_failure_rate"] == 0.0 and x["staleness_max"] == 0.0
+        for key in ("turns_mean", "episode_env_tokens_mean", "reward_mean"):
+            assert x[key] == y[key], key
+        assert x["logprob_diff_max"] < 1e-4
+    assert any(m["turns_mean"] > 1.0 for m in a)  # episodes went past their first turn
+    turns = _turns(remote.run.run_dir)
+    assert turns == _turns(local.run.run_dir)  # turn by turn, model and environment alike
+    assert any("env" in [t["role"] for t in ep] for ep in turns)
+
+
+def _turns(run_dir: Path) -> list[list[dict]]:
+    return [
+        r["turns"]
+        for p in sorted((run_dir / "samples").glob("*.jsonl"))
+        for r in map(json.loads, p.read_text().splitlines())
+    ]
 
 
 def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(

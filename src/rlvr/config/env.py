@@ -61,11 +61,12 @@ def env_problems(cfg) -> list[str]:
             f"env.name={e.name!r}: not a built-in ({', '.join(BUILTIN_ENVS)}) nor a user class "
             "'package.module:Class'"
         )
-    why = "episodes run on the hf engine only for now (one generate call per turn)"
-    if cfg.rollout.engine == "vllm":
-        out.append(f"rollout.engine=vllm with env.name: not supported yet; {why}")
-    if cfg.rollout.mode == "server":
-        out.append(f"rollout.mode=server with env.name: not supported yet; {why}")
+    if cfg.rollout.tensor_parallel_size > 1:
+        out.append(
+            "rollout.tensor_parallel_size>1 with env.name: not supported yet (the ranks of a "
+            "tensor-parallel group generate in lockstep, and their episodes end after different "
+            "turns); use rollout.tensor_parallel_size=1"
+        )
     if cfg.rollout.max_staleness:
         out.append(
             "rollout.max_staleness=1 with env.name: not supported yet (episodes are generated "

@@ -31,8 +31,6 @@ def engine_for(cfg: Config, model=None) -> str:
     or, one engine per rank, under torchrun) for a text model. Training, `rlvr eval` and the
     config checks all choose here; without ``model`` (config time) a text model is assumed."""
     vlm = model is not None and is_vlm_config(getattr(model, "config", None))
-    if cfg.rollout.engine == "auto" and cfg.env.name:
-        return "hf"  # episodes run on the hf engine only for now (docs/environments.md)
     if cfg.rollout.engine == "auto":
         return "vllm" if vllm_available() and not vlm else "hf"
     if cfg.rollout.engine == "vllm" and vlm:

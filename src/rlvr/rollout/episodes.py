@@ -39,6 +39,7 @@ class EpisodeLimits:
 class _Episode:
     row: int
     env: object
+    sample: int = 0  # which of its row's samples (0 .. n-1)
     info: EpisodeInfo = field(default_factory=EpisodeInfo)
     prompt: list[int] | None = None
     ids: list[int] = field(default_factory=list)
@@ -71,7 +72,7 @@ def run_episodes(
 ) -> tuple[list[str], list[list[int]], list[list[Completion]]]:
     """``params.n`` episodes per row: (prompt texts, prompt ids, groups of Completions)."""
     g = params.n
-    eps = [_Episode(i, None) for i in range(len(rows)) for _ in range(g)]
+    eps = [_Episode(i, None, k) for i in range(len(rows)) for k in range(g)]
     made = call_all([make_env] * len(eps), limits.timeout_s)
     for ep, out in zip(eps, made, strict=True):
         if out.ok:
@@ -151,9 +152,10 @@ def _model_turn(engine, renderer, live, rows, params, stop, turn, limits) -> Non
         prompts = [ep.prompt + ep.ids for ep in live]
         seeds = None
         if params.prompt_seeds is not None:
-            seeds = tuple(
-                params.prompt_seeds[ep.row] * 31 + 1009 * turn + k for k, ep in enumerate(live)
-            )
+            # from the episode alone (its row's seed, its sample, the turn), never from its place
+            # among the live episodes: which episodes are still live beside it differs between a
+            # rank's share of the batch and the whole batch in one process
+            seeds = tuple(params.prompt_seeds[ep.row] * 31 + 1009 * turn + ep.sample for ep in live)
         p = dataclasses.replace(params, n=1, stop=stop, seed=seed, prompt_seeds=seeds)
         comps = {id(ep): grp[0] for ep, grp in zip(live, engine.generate(prompts, p), strict=True)}
     for ep in live:

@@ -177,11 +177,17 @@ def cpu_kv_cache_bytes(
 
 
 def max_model_len_for(cfg) -> int:
-    """Longest prompt + longest generation any rollout or evaluation of this run asks for."""
+    """Longest prompt + longest generation any rollout or evaluation of this run asks for.
+
+    An episode's later turns are prompted with the episode so far (up to
+    ``rollout.max_episode_tokens`` after the prompt) and each may ask ``max_new_tokens`` more
+    (a turn is cut to the episode's budget after it is sampled, rlvr.rollout.episodes)."""
     new = cfg.rollout.max_new_tokens
     eval_cfg = getattr(cfg, "eval", None)
     eval_new = getattr(eval_cfg, "max_new_tokens", None) or 0
-    return cfg.data.max_prompt_tokens + max(new, eval_new)
+    env = getattr(cfg, "env", None)
+    episode = cfg.rollout.max_episode_tokens if env is not None and env.name else 0
+    return cfg.data.max_prompt_tokens + episode + max(new, eval_new)
 
 
 def max_num_seqs_for(cfg) -> int:
