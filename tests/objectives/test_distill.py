@@ -127,3 +127,49 @@ def test_the_teacher_is_loaded_once_and_never_trained(tiny_model_dir, tmp_path, 
     # the teacher is the student's own starting point: the first step's reverse KL is 0
     assert kls[0] == pytest.approx(0.0, abs=1e-4)
     trainer.run.close()
+
+
+def test_the_reverse_kl_to_a_sharp_teacher_falls_over_20_steps(tiny_model_dir, tmp_path):
+    """A task where the student can learn it: the teacher is the tiny model trained to say
+    "xyz" then EOS; the student, the untrained tiny model, says near-uniform characters (reverse
+    KL ~4.6 nats a token at the start). Twenty steps of on-policy distillation (full weights,
+    lr 1e-2) bring it below 60% of that: measured 4.58 -> 1.90 (train.seed 0), 4.58 -> 1.78
+    (seed 1), 4.47 -> 1.36 (seed 2), means of the first 3 and last 5 steps. An advantage with the wrong
+    sign or a teacher scoring other tokens than the student's would leave it at ~4.6 or raise
+    it."""
+    from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
+    from rlvr.training.trainer import Trainer
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(1)
+    teacher = build_tiny_model(tok, seed=0)
+    opt = torch.optim.AdamW(teacher.parameters(), lr=1e-2)
+    ids = torch.tensor([(tok("xyz", add_special_tokens=False).input_ids + [tok.eos_token_id]) * 6])
+    for _ in range(30):
+        teacher(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path / "runs",
+        "algo.objective=distill",
+        f"algo.teacher.name_or_path={tmp_path / 'teacher'}",
+        "algo.prompts_per_step=2",
+        "algo.group_size=4",
+        "train.lr=1e-2",
+        "train.max_steps=20",
+        "train.seed=0",
+        "train.threads=1",
+        "model.autocast=off",
+        "eval.before_after=false",
+        "logging.samples_every=0",
+    )
+    torch.manual_seed(0)
+    trainer = Trainer(cfg)
+    kls = [trainer.train_step()["distill_reverse_kl"] for _ in range(20)]
+    trainer.run.close()
+    first, last = sum(kls[:3]) / 3, sum(kls[-5:]) / 5
+    assert first > 4.0  # the student starts far from the teacher
+    assert last < 0.6 * first, kls
