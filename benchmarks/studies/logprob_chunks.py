@@ -57,20 +57,36 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def build_model(seed: int = 0):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=VOCAB,
+# Model shapes, all with Qwen's vocabulary. "toy" is head-dominated (the head holds ~97% of the
+# weights): the memory study's worst case for the logits term, and the worst case for the chunked
+# path's time (its backward recomputes each chunk's logits: one more head matmul than the full
+# path's three). "qwen2.5-0.5b" is Qwen2.5-0.5B's shape (head = tied embeddings, ~27% of the
+# matmul work): the time ratio a real model of that size sees.
+SHAPES = {
+    "toy": dict(
         hidden_size=256,
         intermediate_size=704,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=8192,
         tie_word_embeddings=False,
-    )
+    ),
+    "qwen2.5-0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_model(seed: int = 0, shape: str = "toy"):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=8192, **SHAPES[shape])
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).float().train()
@@ -102,19 +118,19 @@ def trl_logps(model, input_ids, attention_mask, completion_ids, temperature: flo
     return logps, entropies
 
 
-def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
+def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: str) -> dict:
     import torch
 
     from rlvr.algorithms import policy_loss
     from rlvr.model.forward import build_sequence_batch, policy_outputs
 
     torch.set_num_threads(threads)
-    model = build_model()
+    model = build_model(shape=shape)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, VOCAB, (PROMPT,), generator=g).tolist()
-    comps = [torch.randint(10, VOCAB, (tokens,), generator=g).tolist() for _ in range(ROWS)]
-    sb = build_sequence_batch([prompt] * ROWS, comps, pad_id=0)
-    adv = torch.randn(ROWS, generator=g)
+    comps = [torch.randint(10, VOCAB, (tokens,), generator=g).tolist() for _ in range(rows)]
+    sb = build_sequence_batch([prompt] * rows, comps, pad_id=0)
+    adv = torch.randn(rows, generator=g)
     mask = sb.completion_mask
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to now
     before = _status_kib("VmRSS")
@@ -142,7 +158,8 @@ def child(side: str, tokens: int, chunk: int, threads: int) -> dict:
     return {
         "side": side,
         "tokens": tokens,
-        "rows": ROWS,
+        "rows": rows,
+        "shape": shape,
         "chunk": chunk if side == "chunked" else 0,
         "seconds": total,
         "forward_seconds": t_fwd,
@@ -158,9 +175,10 @@ def full_logits_gib(tokens: int) -> float:
     return ROWS * tokens * VOCAB * 4 / 2**30
 
 
-def run_one(side: str, tokens: int, chunk: int, threads: int) -> dict:
+def run_one(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: str) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.studies.logprob_chunks", "--child", side]
     cmd += ["--tokens", str(tokens), "--chunk", str(chunk), "--threads", str(threads)]
+    cmd += ["--rows", str(rows), "--shape", shape]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -183,7 +201,7 @@ def extrapolate(rows: list[dict], tokens: int) -> dict | None:
     if len(pts) < 2:
         return None
     (x0, a), (x1, b) = pts[-2], pts[-1]
-    out = {"side": a["side"], "tokens": tokens, "rows": ROWS, "extrapolated": True}
+    out = {"side": a["side"], "tokens": tokens, "rows": a["rows"], "extrapolated": True}
     for key in ("peak_rss_mib", "update_added_mib", "seconds", "cpu_seconds"):
         out[key] = a[key] + (b[key] - a[key]) * (tokens - x0) / (x1 - x0)
     return out
@@ -194,8 +212,9 @@ def render(payload: dict) -> str:
         f"# Log-probs without the full logits ({payload['date']})",
         "",
         f"{payload['machine']}; torch {payload['torch']}; {payload['threads']} threads. One update "
-        f"of {ROWS} replies x T tokens (+{PROMPT}-token prompt), Qwen2-shaped model "
-        f"(vocab {VOCAB}, hidden 256, 2 layers, float32, random weights); chunked: "
+        f"of {payload['rows_per_batch']} replies x T tokens (+{PROMPT}-token prompt), "
+        f"Qwen2-shaped model '{payload['shape']}' ({_shape_text(payload['shape'])}, vocab {VOCAB}, "
+        "float32, random weights); chunked: "
         f"algo.logprob_chunk_tokens={payload['chunk']}. Peak = the process's VmHWM after a reset "
         "just before the update; 'added' = peak minus RSS before the update. "
         "CPU seconds: user + system time of the update (wall time moves with the load "
@@ -225,6 +244,12 @@ def render(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _shape_text(shape: str) -> str:
+    c = SHAPES[shape]
+    tied = "tied head" if c["tie_word_embeddings"] else "untied head"
+    return f"hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, {tied}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--child", choices=SIDES)
@@ -232,11 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=1024)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-full-tokens", type=int, default=1024, help="longest T the full sides run")
+    p.add_argument("--rows", type=int, default=ROWS, help="replies in the micro-batch")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="toy", help="the model's shape")
+    p.add_argument("--sides", default=",".join(SIDES), help=f"which of {','.join(SIDES)} to run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, int(args.tokens), args.chunk, args.threads)))
+        r = child(args.child, int(args.tokens), args.chunk, args.threads, args.rows, args.shape)
+        print(json.dumps(r))
         return 0
+    sides = [s for s in SIDES if s in args.sides.split(",")]
     import platform
 
     import torch
@@ -246,10 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     t0 = time.perf_counter()
     for tokens in lengths:
-        for side in SIDES:
+        for side in sides:
             if side != "chunked" and tokens > args.max_full_tokens:
                 continue
-            r = run_one(side, tokens, args.chunk, args.threads)
+            r = run_one(side, tokens, args.chunk, args.threads, args.rows, args.shape)
             print(json.dumps(r), flush=True)
             rows.append(r)
     for tokens in lengths:
@@ -282,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "threads": args.threads,
         "chunk": args.chunk,
+        "shape": args.shape,
+        "rows_per_batch": args.rows,
         "load": load,
         "rows": rows,
         "slopes_mib_per_1k": {
@@ -291,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.studies.logprob_chunks " + " ".join(argv or sys.argv[1:]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"{payload['date']}-logprob-chunks"
+    suffix = "" if args.shape == "toy" else f"-{args.shape}"
+    stem = args.out / f"{payload['date']}-logprob-chunks{suffix}"
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
     stem.with_suffix(".md").write_text(render(payload))
     print(render(payload))

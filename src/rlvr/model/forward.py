@@ -41,6 +41,28 @@ class SequenceBatch:
     def completion_len(self) -> int:
         return self.completion_ids.shape[1]
 
+    def to(self, device: torch.device | str) -> SequenceBatch:
+        """The same rows with every tensor on ``device`` (the model's): the batch is laid out on
+        the CPU, the forward runs where the weights are. Itself where nothing moves."""
+        device = torch.device(device)
+        if self.input_ids.device == device:
+            return self
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return SequenceBatch(
+            input_ids=move(self.input_ids),
+            attention_mask=move(self.attention_mask),
+            position_ids=move(self.position_ids),
+            completion_ids=move(self.completion_ids),
+            completion_mask=move(self.completion_mask),
+            vision={k: move(v) for k, v in self.vision.items()},
+            # which rows repeat which prompt: indices the shared-prompt pass moves itself
+            prompt_firsts=self.prompt_firsts,
+            prompt_copies=self.prompt_copies,
+        )
+
     @property
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.completion_len

@@ -68,12 +68,14 @@ class RolloutBatch:
         image_token_id: int | None = None,
         *,
         share_prompt: bool = False,
+        device: torch.device | str | None = None,
     ) -> SequenceBatch:
         """Sequences ``indices`` laid out for one forward pass, with their prompts' images;
-        ``share_prompt``: rows with the same prompt run it once (``build_sequence_batch``)."""
+        ``share_prompt``: rows with the same prompt run it once (``build_sequence_batch``);
+        ``device``: where the model runs (the batch itself stays on the CPU)."""
         prompts, comps = self.seq_prompt_ids, self.comp_ids
         vision = self.seq_vision
-        return build_sequence_batch(
+        sb = build_sequence_batch(
             [prompts[i] for i in indices],
             [comps[i] for i in indices],
             pad_id,
@@ -81,6 +83,7 @@ class RolloutBatch:
             image_token_id=image_token_id,
             share_prompt=share_prompt,
         )
+        return sb if device is None else sb.to(device)
 
     @property
     def comp_ids(self) -> list[list[int]]:
@@ -147,6 +150,20 @@ class MicroBatch:
     values: torch.Tensor | None = None  # the critic's forward, with grad (PPO)
     seq: dict[str, torch.Tensor] = field(default_factory=dict)
     tok: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Everything the step prepared on the CPU (old and reference log-probs, advantages,
+        per-sequence and per-token fields) moves to where the forward ran (``logp``'s device),
+        so an objective's loss never mixes devices."""
+        device = self.logp.device
+
+        def move(t):
+            return t if t is None or t.device == device else t.to(device, non_blocking=True)
+
+        self.old_logp, self.mask = move(self.old_logp), move(self.mask)
+        self.advantages, self.ref_logp = move(self.advantages), move(self.ref_logp)
+        self.seq = {k: move(v) for k, v in self.seq.items()}
+        self.tok = {k: move(v) for k, v in self.tok.items()}
 
 
 def gather_micro_batch(

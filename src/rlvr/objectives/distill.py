@@ -76,13 +76,17 @@ class Distill(Objective):
         comp_ids = batch.comp_ids
         pad = self.tokenizer.pad_token_id
         for idx in self.micro_batches(list(range(batch.size)), batch):
-            sb = batch.sequence_batch(idx, pad, share_prompt=self.cfg.algo.share_prompt)
+            device = next(self.teacher.parameters()).device
+            sb = batch.sequence_batch(
+                idx, pad, share_prompt=self.cfg.algo.share_prompt, device=device
+            )
             scored, _ = policy_outputs(
                 self.teacher, sb, chunk_tokens=self.cfg.algo.logprob_chunk_tokens
             )
             lp, _ = scored.logprobs(sb, 1.0, entropy=False)
+            lp = lp.float().cpu()  # beside the student's old log-probs, on the CPU
             for row, i in enumerate(idx):
-                out[i] = lp[row, : len(comp_ids[i])].float()
+                out[i] = lp[row, : len(comp_ids[i])]
         return out
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:

@@ -287,7 +287,11 @@ class Step:
         with torch.no_grad():
             for idx in self.run.objective.micro_batches(list(range(n)), batch):
                 sb = batch.sequence_batch(
-                    idx, pad, self.run.image_token_id, share_prompt=self.cfg.algo.share_prompt
+                    idx,
+                    pad,
+                    self.run.image_token_id,
+                    share_prompt=self.cfg.algo.share_prompt,
+                    device=self.run.device,
                 )
                 with self.run.autocast_context():
                     out = self.run.objective.forward(self.state.model, sb)
@@ -298,14 +302,19 @@ class Step:
                 times["time_reference"] = times.get("time_reference", 0.0) + (
                     time.perf_counter() - t
                 )
+                # the batch keeps what the passes computed on the CPU, with the rewards and the
+                # engine's log-probs; a micro-batch moves to the model's device (MicroBatch)
+                lp = lp.cpu()
+                ref_lp = None if ref_lp is None else ref_lp.cpu()
+                vals = out["values"].float().cpu() if "values" in out else None
                 for row, i in enumerate(idx):
                     length = len(comp_ids[i])
                     old[i] = lp[row, :length]
                     engine[i] = torch.tensor(comps[i].logprobs[:length], dtype=torch.float32)
                     if ref_lp is not None:
                         ref[i] = ref_lp[row, :length]
-                    if "values" in out:
-                        values[i] = out["values"][row, :length].float()
+                    if vals is not None:
+                        values[i] = vals[row, :length]
         batch.old_logp = old
         batch.ref_logp = ref if needs.reference else None
         batch.values = values if needs.values else None

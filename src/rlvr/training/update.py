@@ -55,7 +55,11 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
             first = len(stats)  # this minibatch's micro-batch statistics start here
             for idx in objective.micro_batches(mb, batch):
                 sb = batch.sequence_batch(
-                    idx, run.pad_id, run.image_token_id, share_prompt=a.share_prompt
+                    idx,
+                    run.pad_id,
+                    run.image_token_id,
+                    share_prompt=a.share_prompt,
+                    device=run.device,
                 )
                 with run.autocast_context():
                     out = objective.forward(run.train_model, sb)
@@ -67,11 +71,12 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
                 del out["policy"]
                 if batch.old_logp is None and epoch == 0:
                     diffs += engine_diffs(logp.detach(), idx, comp_ids, comps)
-                mask = sb.completion_mask * valid[idx].float().unsqueeze(1)
+                row_valid = valid[idx].float().unsqueeze(1).to(sb.completion_mask.device)
+                mask = sb.completion_mask * row_valid
                 width = mask.shape[1]
                 env_mask = batch.loss_mask_rows(idx, width)  # an episode's environment tokens: 0
                 if env_mask is not None:
-                    mask = mask * env_mask
+                    mask = mask * env_mask.to(mask.device)
                 old = pad_rows([batch.old_logp[i] for i in idx], width) if use_old else None
                 advantages, seq, tok = gather_micro_batch(batch, idx, width)
                 micro = MicroBatch(
@@ -129,6 +134,7 @@ def engine_diffs(trainer_logp: torch.Tensor, idx: list[int], comp_ids, comps) ->
     """Per-sequence trainer-minus-engine log-prob differences of the sampled tokens (an
     episode's model tokens only: the environment's were not sampled)."""
     out = []
+    trainer_logp = trainer_logp.detach().float().cpu()  # the engine's log-probs are on the CPU
     for row, i in enumerate(idx):
         length = len(comp_ids[i])
         if length:
