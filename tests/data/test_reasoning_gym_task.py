@@ -11,6 +11,7 @@ import pytest
 import reasoning_gym
 
 from rlvr.config import load_config
+from rlvr.config.eval import EvalSetConfig
 from rlvr.data.rows import reward_specs
 from rlvr.data.tasks import task_rows
 from rlvr.rewards.runner import RewardRunner
@@ -92,6 +93,11 @@ def test_config_reward_and_errors_name_the_knob():
     cfg = load_config(None, ["data.task=reasoning_gym:chain_sum"])
     assert config_problems(cfg) == []
     assert [s.name for s in reward_specs(cfg)] == ["reasoning_gym"]
+    # an eval set of a reasoning-gym task is graded by its scorer, whatever the run trains on
+    assert EvalSetConfig(name="c", task="reasoning_gym:chain_sum").resolved().grader == (
+        "reasoning_gym"
+    )
+    assert EvalSetConfig(name="c", task="arithmetic").resolved().grader is None
     with pytest.raises(ValueError, match="reasoning-gym has no task 'no_such_task'"):
         task_rows("reasoning_gym:no_such_task", num_train=1, num_eval=1, seed=0)
     with pytest.raises(

@@ -1,4 +1,5 @@
-"""An OpenEnv environment (openenv-core's echo template, in process) and a reasoning-gym task
+"""An OpenEnv environment (openenv-core's echo template, in process and behind OpenEnv's own
+server) and a reasoning-gym task
 (chain_sum, scored by its own scorer) each trained for 2 steps on the tiny model."""
 
 from __future__ import annotations
@@ -19,14 +20,22 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_openenv_echo_environment_trains(tiny_model_dir, tmp_path, openenv_echo, monkeypatch):
+@pytest.mark.parametrize("form", ["in_process", "server"])
+def test_openenv_echo_environment_trains(
+    tiny_model_dir, tmp_path, openenv_echo, monkeypatch, request, form
+):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if form == "server":  # OpenEnv's own server and client, on a local port
+        url = request.getfixturevalue("echo_server")
+        env = ["env.name=openenv", f"env.kwargs.base_url={url}", "env.kwargs.action_field=message"]
+    else:
+        env = [f"env.name={ECHO_ENV}"]
     cfg = load_config(
         None,
         [
             f"model.name_or_path={tiny_model_dir}",
             f"train.output_dir={tmp_path}",
-            f"env.name={ECHO_ENV}",
+            *env,
             # a character ends a model turn (the tiny model rarely says EOS)
             "env.kwargs.stop=[a, e, i, o, u, ' ', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9']",
             "data.template=chat",

@@ -260,9 +260,11 @@ class OpenEnvAdapter(Env):
             raw = self._client.reset(**kwargs)
         else:
             raw = self._env.reset(**kwargs)
-        text = self._unpack(raw)[0]
         question = str(row.get("prompt", ""))
-        if self.prompt_mode == "row" or not text:
+        if self.prompt_mode == "row":
+            return question
+        text = self._unpack(raw)[0]
+        if not text:
             return question
         if self.prompt_mode == "observation":
             return text
