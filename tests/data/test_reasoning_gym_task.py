@@ -82,11 +82,31 @@ def test_the_scorer_sees_the_tasks_own_types():
 def test_a_scorer_that_raises_fails_its_sample_only():
     _, rows = task_rows("reasoning_gym:chain_sum", num_train=1, num_eval=3, seed=0)
     broken = json.loads(json.dumps(rows))
-    broken[1]["reasoning_gym"]["entry"]["question"] = "not the generated one"
+    broken[1]["reasoning_gym"]["task"] = "no_such_task"
     del broken[2]["reasoning_gym"]
     out = score(broken, [f"<answer>{r['answer']}</answer>" for r in rows])
     assert out.valid == [True, False, False] and out.scores == [1.0, 0.0, 0.0]
-    assert "came out otherwise" in out.failures[0] and "needs the row field" in out.failures[1]
+    assert "has no task 'no_such_task'" in out.failures[0]
+    assert "needs the row field" in out.failures[1]
+
+
+def test_an_item_that_does_not_regenerate_is_scored_from_the_row():
+    """list_functions draws from the global random module: its item 0 differs between two
+    datasets of one seed; the row's JSON copy grades it."""
+    _, rows = task_rows("reasoning_gym:list_functions", num_train=1, num_eval=3, seed=0)
+    spec = rows[0]["reasoning_gym"]
+    again = reasoning_gym.create_dataset("list_functions", seed=0, size=spec["size"])
+    assert again[spec["index"]]["question"] != spec["entry"]["question"]
+    right = [f"<answer>{r['answer']}</answer>" for r in rows]
+    assert score(rows, right).scores == [1.0, 1.0, 1.0]
+    assert score(rows, ["<answer>[]</answer>"] * 3).scores == [0.0, 0.0, 0.0]
+
+
+def test_metadata_without_a_json_form_is_kept_as_text():
+    """gsm_symbolic's metadata holds Fractions: the row has their str(), the scorer the item."""
+    _, rows = task_rows("reasoning_gym:gsm_symbolic", num_train=1, num_eval=8, seed=0)
+    assert json.loads(json.dumps(rows)) == rows
+    assert score(rows, [f"<answer>{r['answer']}</answer>" for r in rows]).scores == [1.0] * 8
 
 
 def test_config_reward_and_errors_name_the_knob():

@@ -31,25 +31,11 @@ def is_reasoning_gym(task: str) -> bool:
     return task.startswith(PREFIX)
 
 
-def _entry_json(entry: dict, name: str, index: int) -> dict:
-    """The item as JSON values (rows go to samples and checkpoints); a value without a JSON form
-    names its task, item and metadata field."""
-    try:
-        return json.loads(json.dumps(entry))
-    except (TypeError, ValueError) as exc:
-        bad = [k for k, v in entry.get("metadata", {}).items() if not _jsonable(v)]
-        raise ValueError(
-            f"data.task={PREFIX}{name}: item {index} has no JSON form (metadata fields {bad}): "
-            f"{exc}"
-        ) from None
-
-
-def _jsonable(value) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+def _entry_json(entry: dict) -> dict:
+    """The item as JSON values (rows go to samples and checkpoints); a value JSON has no form for
+    (gsm_symbolic's Fractions) is written as its str(). The scorer regenerates the item with its
+    own types (rlvr.rewards.reasoning_gym), so nothing it reads is lost here."""
+    return json.loads(json.dumps(entry, default=str))
 
 
 def reasoning_gym_rows(
@@ -70,7 +56,7 @@ def reasoning_gym_rows(
     for index in range(limit):
         if len(train) >= num_train:
             break
-        entry = _entry_json(dataset[index], name, index)
+        entry = _entry_json(dataset[index])
         question = entry["question"]
         where = {"task": name, "config": dict(task_kwargs), "seed": seed, "size": limit}
         if len(held) < num_eval:
