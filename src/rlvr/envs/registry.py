@@ -9,6 +9,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from rlvr.config.env import OPENENV
+from rlvr.envs.openenv_adapter import OpenEnvAdapter, environment_class, openenv_types
 from rlvr.rewards.sandbox import resolve_target
 
 
@@ -20,13 +22,8 @@ def _builtins() -> dict[str, type]:
     return {"calculator": CalculatorEnv, "python": PythonToolEnv, "guess_number": GuessNumberEnv}
 
 
-OPENENV = "openenv"
-
-
 def _openenv(name: str, kwargs: dict) -> tuple[type, dict]:
     """The adapter class and its keyword arguments for ``openenv[:package.module:Class]``."""
-    from rlvr.envs.openenv_adapter import OpenEnvAdapter
-
     target = name.partition(":")[2]
     if target:
         if "env_class" in kwargs:
@@ -39,8 +36,6 @@ def env_class(name: str) -> type:
     """The class ``env.name`` names: a built-in's short name or ``package.module:Class``
     (``openenv[:...]``: the OpenEnv adapter)."""
     if name == OPENENV or name.startswith(OPENENV + ":"):
-        from rlvr.envs.openenv_adapter import environment_class, openenv_types
-
         target = name.partition(":")[2]
         if target:
             environment_class(target)
