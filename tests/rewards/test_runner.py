@@ -230,7 +230,14 @@ def test_spec_validation_messages() -> None:
         RewardRunner([RewardSpec(name="math"), RewardSpec(name="math")])
     with pytest.raises(ValueError, match="max_failure_fraction"):
         RewardRunner([RewardSpec(name="math")], max_failure_fraction=1.5)
-    assert builtin_reward_names() == ["countdown", "gsm8k", "math", "math_prm", "psgrpo"]
+    assert builtin_reward_names() == [
+        "countdown",
+        "gsm8k",
+        "math",
+        "math_prm",
+        "psgrpo",
+        "reasoning_gym",
+    ]
 
 
 def test_psgrpo_builtin_with_a_user_prm(tmp_path, monkeypatch) -> None:

@@ -66,7 +66,12 @@ def run_doctor() -> int:
             else "optional, faster steps and a lower peak: apt-get install libtcmalloc-minimal4",
         )
     )
-    for pkg, extra in (("tensorboard", "tensorboard"), ("wandb", "wandb")):
+    for pkg, extra in (
+        ("tensorboard", "tensorboard"),
+        ("wandb", "wandb"),
+        ("openenv-core", "openenv"),  # env.name=openenv:... (docs/environments.md)
+        ("reasoning-gym", "reasoning-gym"),  # data.task=reasoning_gym:<task>
+    ):
         v = _version(pkg)
         rows.append(
             (pkg, v or "not installed", "" if v else f"optional: pip install 'rlvr[{extra}]'")

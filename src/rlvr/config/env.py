@@ -14,15 +14,19 @@ from pydantic import Field
 
 from rlvr.config.base import Section
 
-# Built-in environments by short name (rlvr.envs.registry maps them to their classes).
+# Built-in environments by short name (rlvr.envs.registry maps them to their classes); "openenv"
+# (with env.kwargs.base_url) or "openenv:package.module:Class" go through the OpenEnv adapter.
 BUILTIN_ENVS = ("calculator", "python", "guess_number")
+OPENENV = "openenv"
 
 
 class EnvConfig(Section):
     name: str | None = Field(
         None,
         description="Environment of multi-turn episodes: a built-in (calculator, python, "
-        "guess_number) or a user class 'package.module:Class'; null: single-turn replies.",
+        "guess_number), a user class 'package.module:Class', an OpenEnv Environment "
+        "'openenv:package.module:Class' or 'openenv' with env.kwargs.base_url (a running OpenEnv "
+        "server); null: single-turn replies.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's constructor."
@@ -56,7 +60,12 @@ def env_problems(cfg) -> list[str]:
     if not e.name:
         return []
     out = []
-    if e.name not in BUILTIN_ENVS and ":" not in e.name:
+    if e.name == OPENENV and not (e.kwargs.get("base_url") or e.kwargs.get("env_class")):
+        out.append(
+            "env.name=openenv needs env.kwargs.base_url (a running OpenEnv server) or the class: "
+            "env.name=openenv:package.module:Class"
+        )
+    elif e.name not in (*BUILTIN_ENVS, OPENENV) and ":" not in e.name:
         out.append(
             f"env.name={e.name!r}: not a built-in ({', '.join(BUILTIN_ENVS)}) nor a user class "
             "'package.module:Class'"

@@ -165,7 +165,8 @@ class EvalSetConfig(Section):
     grader: str | None = Field(
         None,
         description="Built-in reward that grades this set (e.g. math, gsm8k); default: a named "
-        "benchmark's own, else the run's reward.specs.",
+        "benchmark's own, reasoning_gym for a reasoning_gym:<task> set, else the run's "
+        "reward.specs.",
     )
     modes: list[str] | None = Field(
         None, description="Kinds from eval.modes to run on this set (default: all of them)."
@@ -199,6 +200,8 @@ class EvalSetConfig(Section):
     def resolved(self) -> EvalSetConfig:
         """This set with a named benchmark's path, fields, answer format and grader filled in
         (values given in the set win); other sets unchanged."""
+        if self.grader is None and (self.task or "").startswith("reasoning_gym:"):
+            return self.model_copy(update={"grader": "reasoning_gym"})  # the task's own scorer
         bench = BENCHMARKS.get(self.name)
         if bench is None or any(getattr(self, k) is not None for k in ("split", "task")):
             return self

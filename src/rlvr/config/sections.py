@@ -68,11 +68,13 @@ class DataConfig(Section):
     task: str = Field(
         "arithmetic",
         description="Built-in task ('arithmetic', 'countdown', 'shapes': images, needs a "
-        "vision-language model) or 'file' to read train_path/eval_path.",
+        "vision-language model), a reasoning-gym task 'reasoning_gym:<name>' (the extra "
+        "rlvr[reasoning-gym]) or 'file' to read train_path/eval_path.",
     )
     task_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Options of the built-in task generator (e.g. ops, digits).",
+        description="Options of the built-in task generator (e.g. ops, digits; a reasoning-gym "
+        "task's config fields, e.g. min_terms).",
     )
     num_train: int = Field(
         2000, gt=0, description="Rows generated for a built-in task's train split."

@@ -66,8 +66,12 @@ def problems(cfg: Config) -> list[str]:
             f"data.task=shapes with data.template={cfg.data.template}: image rows need "
             "data.template=chat (the processor's chat template places the images)"
         )
-    if cfg.data.task not in TASKS:
-        out.append(f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}")
+    rg_task = cfg.data.task.startswith("reasoning_gym:")
+    if cfg.data.task not in TASKS and not (rg_task and cfg.data.task != "reasoning_gym:"):
+        out.append(
+            f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}, or "
+            "reasoning_gym:<task> (the extra rlvr[reasoning-gym])"
+        )
     out.extend(env_problems(cfg))
     b1, b2 = cfg.train.adam_betas
     if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rlvr.config import Config
 from rlvr.data.loaders import load_rows
-from rlvr.data.tasks import DEFAULT_REWARD, task_rows
+from rlvr.data.tasks import default_reward, task_rows
 from rlvr.rewards.runner import RewardSpec
 
 
@@ -30,4 +30,4 @@ def load_rows_for(cfg: Config) -> tuple[list[dict], list[dict]]:
 def reward_specs(cfg: Config) -> list[RewardSpec]:
     if cfg.reward.specs:
         return list(cfg.reward.specs)
-    return [RewardSpec(name=DEFAULT_REWARD.get(cfg.data.task, "math"))]
+    return [RewardSpec(name=default_reward(cfg.data.task))]

@@ -10,6 +10,7 @@ import itertools
 import random
 from fractions import Fraction
 
+from rlvr.data.reasoning_gym import is_reasoning_gym, reasoning_gym_rows
 from rlvr.data.tasks_shapes import shapes_rows
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
@@ -133,6 +134,10 @@ TASKS = {"arithmetic": arithmetic_rows, "countdown": countdown_rows, "shapes": _
 def task_rows(
     name: str, *, num_train: int, num_eval: int, seed: int, **kwargs
 ) -> tuple[list[dict], list[dict]]:
+    """A built-in task's (train, held-out) rows; ``reasoning_gym:<task>`` is reasoning-gym's."""
+    if is_reasoning_gym(name):
+        task = name.partition(":")[2]
+        return reasoning_gym_rows(task, num_train=num_train, num_eval=num_eval, seed=seed, **kwargs)
     if name not in TASKS:
         raise ValueError(f"unknown built-in task {name!r}; known: {', '.join(TASKS)}")
     try:
@@ -142,3 +147,8 @@ def task_rows(
 
 
 DEFAULT_REWARD = {"arithmetic": "math", "countdown": "countdown", "shapes": "math"}
+
+
+def default_reward(task: str) -> str:
+    """The reward a task is graded with when reward.specs is empty."""
+    return "reasoning_gym" if is_reasoning_gym(task) else DEFAULT_REWARD.get(task, "math")

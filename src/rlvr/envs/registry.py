@@ -1,10 +1,16 @@
-"""``env.name`` -> a factory of fresh environment instances (one per episode)."""
+"""``env.name`` -> a factory of fresh environment instances (one per episode).
+
+``openenv:package.module:Class`` (an OpenEnv Environment in process) and ``openenv`` (a running
+OpenEnv server at ``env.kwargs.base_url``) go through the OpenEnv adapter
+(rlvr.envs.openenv_adapter), the Environment class passed to it as ``env_class``."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
 
+from rlvr.config.env import OPENENV
+from rlvr.envs.openenv_adapter import OpenEnvAdapter, environment_class, openenv_types
 from rlvr.rewards.sandbox import resolve_target
 
 
@@ -16,8 +22,26 @@ def _builtins() -> dict[str, type]:
     return {"calculator": CalculatorEnv, "python": PythonToolEnv, "guess_number": GuessNumberEnv}
 
 
+def _openenv(name: str, kwargs: dict) -> tuple[type, dict]:
+    """The adapter class and its keyword arguments for ``openenv[:package.module:Class]``."""
+    target = name.partition(":")[2]
+    if target:
+        if "env_class" in kwargs:
+            raise ValueError(f"env.name={name!r} names the class: leave out env.kwargs.env_class")
+        kwargs = {**kwargs, "env_class": target}
+    return OpenEnvAdapter, kwargs
+
+
 def env_class(name: str) -> type:
-    """The class ``env.name`` names: a built-in's short name or ``package.module:Class``."""
+    """The class ``env.name`` names: a built-in's short name or ``package.module:Class``
+    (``openenv[:...]``: the OpenEnv adapter)."""
+    if name == OPENENV or name.startswith(OPENENV + ":"):
+        target = name.partition(":")[2]
+        if target:
+            environment_class(target)
+        else:
+            openenv_types()  # the extra is installed
+        return _openenv(name, {})[0]
     builtins = _builtins()
     if name in builtins:
         return builtins[name]
@@ -39,8 +63,11 @@ def env_class(name: str) -> type:
 def env_factory(name: str, kwargs: dict | None = None) -> Callable[[], object]:
     """A function making a fresh instance of ``env.name`` with ``env.kwargs`` for each episode;
     constructing one here first checks the keyword arguments (a bad one names the knob)."""
-    cls = env_class(name)
     kwargs = dict(kwargs or {})
+    if name == OPENENV or name.startswith(OPENENV + ":"):
+        cls, kwargs = _openenv(name, kwargs)
+    else:
+        cls = env_class(name)
     try:
         probe = cls(**kwargs)
     except TypeError as exc:

@@ -29,7 +29,15 @@ from rlvr.rewards.prm import (
 )
 from rlvr.rewards.sandbox import resolve_target
 
-__all__ = ["BUILTIN_REWARDS", "build_prm", "check_kwargs", "is_user_target", "make_builtin"]
+__all__ = [
+    "BUILTIN_REWARDS",
+    "POOLED_BUILTINS",
+    "POOLED_PRELOAD",
+    "build_prm",
+    "check_kwargs",
+    "is_user_target",
+    "make_builtin",
+]
 
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -174,6 +182,13 @@ BUILTIN_REWARDS: dict[str, Callable[..., Reward]] = {
     "psgrpo": make_psgrpo,
     "math_prm": make_math_prm,
 }
+
+
+# Built-ins that call another package's code (which may hang): they run in the sandbox workers
+# as user functions do, by these targets, and take no kwargs. The workers import the package
+# before they report ready (POOLED_PRELOAD), so no call's time limit pays for it.
+POOLED_BUILTINS: dict[str, str] = {"reasoning_gym": "rlvr.rewards.reasoning_gym:score"}
+POOLED_PRELOAD: dict[str, tuple[str, ...]] = {"reasoning_gym": ("reasoning_gym",)}
 
 
 def check_kwargs(name: str, kwargs: dict[str, Any]) -> None:

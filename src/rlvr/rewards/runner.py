@@ -12,7 +12,8 @@ Where each reward runs:
 - built-ins (``math``, ``gsm8k``, ``countdown``, ``psgrpo``, ``math_prm``) run in this
   process: they are our code and bound their own time (the maths grader sends only its
   symbolic stage to a sandbox process), so 64 numeric answers take milliseconds;
-- user functions (``package.module:function``) run in a pool of sandbox processes
+- user functions (``package.module:function``) and the built-ins that call another package's
+  scorer (``reasoning_gym``: registry.POOLED_BUILTINS) run in a pool of sandbox processes
   (``pool.SandboxPool``); a call that overruns has its process killed and replaced, so a
   function that sleeps forever costs one ``timeout_s``, not the run.
 
@@ -40,6 +41,8 @@ from rlvr.rewards.base import RewardResult
 from rlvr.rewards.pool import CallOutcome, SandboxPool
 from rlvr.rewards.registry import (
     BUILTIN_REWARDS,
+    POOLED_BUILTINS,
+    POOLED_PRELOAD,
     check_kwargs,
     is_user_target,
     make_builtin,
@@ -64,7 +67,7 @@ class RewardFailureError(RuntimeError):
 
 
 def builtin_reward_names() -> list[str]:
-    return sorted(BUILTIN_REWARDS)
+    return sorted({*BUILTIN_REWARDS, *POOLED_BUILTINS})
 
 
 def _resolve_user_function(name: str) -> Callable[..., Any]:
@@ -95,6 +98,12 @@ def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
             spec = RewardSpec.model_validate(spec)
         except ValidationError as exc:
             raise ValueError(f"reward spec {spec!r} is invalid: {exc}") from exc
+    if spec.name in POOLED_BUILTINS:
+        if spec.kwargs:
+            raise ValueError(
+                f"reward spec {spec.name!r} takes no kwargs, got {sorted(spec.kwargs)}"
+            )
+        return
     if spec.name in BUILTIN_REWARDS:
         try:
             check_kwargs(spec.name, spec.kwargs)
@@ -215,8 +224,16 @@ class RewardRunner:
             if spec.name in BUILTIN_REWARDS:
                 self._local[spec.name] = make_builtin(spec.name, self._builtin_kwargs(spec))
         self._pool: SandboxPool | None = None
+        self._targets = {
+            s.name: POOLED_BUILTINS.get(s.name, s.name)
+            for s in self.specs
+            if s.name not in BUILTIN_REWARDS
+        }
         user_modules = tuple(
-            sorted({s.name.partition(":")[0] for s in self.specs if s.name not in BUILTIN_REWARDS})
+            sorted(
+                {t.partition(":")[0] for t in self._targets.values()}
+                | {m for name in self._targets for m in POOLED_PRELOAD.get(name, ())}
+            )
         )
         if user_modules:
             # Imported before a worker reports ready, so no call's time limit pays for it.
@@ -306,7 +323,7 @@ class RewardRunner:
             else:
                 assert self._pool is not None
                 calls = [
-                    (spec.name, a, {**k, **spec.kwargs})
+                    (self._targets[spec.name], a, {**k, **spec.kwargs})
                     for a, k in zip(triples, kwargs_per_sample, strict=True)
                 ]
                 try:

@@ -91,7 +91,7 @@ def _env_problems(cfg: Config, objective) -> list[str]:
             f"algo.objective={cfg.algo.objective} with env.name: not supported yet (its step "
             "scores read one reply's text, an episode has several turns)"
         )
-    if cfg.env.name in BUILTIN_ENVS or ":" in cfg.env.name:
+    if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
             env_class(cfg.env.name)
         except ValueError as exc:
