@@ -17,6 +17,7 @@ from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.model.loading import save_model_folder
 from rlvr.objectives.batch import RolloutBatch
+from rlvr.rollout.episodes import episode_scores
 from rlvr.telemetry.health import HEALTH_EVENTS_FILE, HEALTH_FILE, HealthGate
 from rlvr.telemetry.samples import list_sample_steps, samples_path
 from rlvr.telemetry.sinks import read_metrics, truncate_metrics
@@ -188,8 +189,10 @@ def save_on_stop(
 
 
 def sample_records(batch: RolloutBatch) -> list[dict]:
-    """The records of ``samples/step_N.jsonl``: every completion of the batch with its reward."""
+    """The records of ``samples/step_N.jsonl``: every completion of the batch with its reward
+    (an episode's as the step counted it: the environment's where it gives the reward)."""
     out, k, rewards = [], 0, batch.rewards
+    scores, valid = episode_scores(batch.completions, rewards.scores, rewards.valid)
     for prompt, row, grp in zip(batch.prompt_texts, batch.rows, batch.groups, strict=True):
         for c in grp:
             out.append(
@@ -197,8 +200,8 @@ def sample_records(batch: RolloutBatch) -> list[dict]:
                     "prompt": prompt,
                     "reference": row["answer"],
                     "response": c.text,
-                    "reward": rewards.scores[k],
-                    "valid": rewards.valid[k],
+                    "reward": scores[k],
+                    "valid": valid[k],
                     "info": rewards.infos[k],
                     "finish_reason": c.finish_reason,
                     "tokens": len(c.token_ids),
