@@ -27,7 +27,7 @@ from rlvr.config.env import env_problems
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.training.trainer import Trainer
 
-SLOW_UPDATE_S = 0.5  # the planted slow trainer; the worker samples a batch in milliseconds
+SLOW_UPDATE_S = 1.0  # the planted slow trainer; the worker samples a batch in < 0.1 s
 
 
 @torch.no_grad()
@@ -126,15 +126,12 @@ class ReplayEngine:
         pass
 
 
-@pytest.fixture
-def slow_trainer(monkeypatch):
-    real = step_mod.update
+REAL_UPDATE = step_mod.update
 
-    def slow(*args):
-        time.sleep(SLOW_UPDATE_S)
-        return real(*args)
 
-    monkeypatch.setattr(step_mod, "update", slow)
+def _slow_update(*args):
+    time.sleep(SLOW_UPDATE_S)
+    return REAL_UPDATE(*args)
 
 
 def _engine(monkeypatch, make) -> None:
@@ -149,9 +146,12 @@ def _cfg(model_dir, out, *extra):
     )
 
 
-def _run(cfg) -> tuple[Trainer, list[dict]]:
-    trainer = Trainer(cfg)
-    trainer.fit()
+def _run(cfg, slow: bool = False) -> tuple[Trainer, list[dict]]:
+    with pytest.MonkeyPatch.context() as mp:
+        if slow:
+            mp.setattr(step_mod, "update", _slow_update)
+        trainer = Trainer(cfg)
+        trainer.fit()
     return trainer, [m for m in read_lines(trainer.run.run_dir) if m["step"] > 0]
 
 
@@ -179,14 +179,16 @@ def _same_weights(a: Trainer, b: Trainer) -> None:
 
 
 def test_two_ahead_trains_versions_within_two_and_equals_the_replayed_reference(
-    tiny_model_dir, tmp_path, monkeypatch, slow_trainer
+    tiny_model_dir, tmp_path, monkeypatch
 ):
     """k=2, 6 steps, a worker much faster than the trainer: steps 1 and 2 train the batches
     requested at step 0 (version 0), then step s trains the batch version s-2 sampled as soon as
     it was requested, during step s-2: sampling versions 0,0,0,1,2,3, staleness 0,1,2,2,2,2,
     nothing dropped. The weights equal the replayed reference bitwise."""
     _engine(monkeypatch, WorkerEngine)
-    piped, lines = _run(_cfg(tiny_model_dir, tmp_path / "piped", "rollout.max_staleness=2"))
+    piped, lines = _run(
+        _cfg(tiny_model_dir, tmp_path / "piped", "rollout.max_staleness=2"), slow=True
+    )
     assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     tags = _tags(lines)
     assert tags == [0, 0, 0, 1, 2, 3]
@@ -202,7 +204,7 @@ def test_two_ahead_trains_versions_within_two_and_equals_the_replayed_reference(
 
 
 def test_a_batch_beyond_k_is_dropped_counted_and_regenerated_on_current_weights(
-    tiny_model_dir, tmp_path, monkeypatch, slow_trainer
+    tiny_model_dir, tmp_path, monkeypatch
 ):
     """k=2 with rollout.sync_every=2 (pushes after updates 2 and 4 only): step 3's batch was
     requested at step 1 when the engine still held version 0, so at step 3 it is 3 versions
@@ -212,7 +214,7 @@ def test_a_batch_beyond_k_is_dropped_counted_and_regenerated_on_current_weights(
     equal the reference that replays versions 0,0,0,3,2,3."""
     _engine(monkeypatch, WorkerEngine)
     extra = ("rollout.max_staleness=2", "rollout.sync_every=2")
-    piped, lines = _run(_cfg(tiny_model_dir, tmp_path / "piped", *extra))
+    piped, lines = _run(_cfg(tiny_model_dir, tmp_path / "piped", *extra), slow=True)
     assert [m["stale_dropped"] for m in lines] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
     assert [m["stale_dropped_seqs"] for m in lines] == [0.0, 0.0, 0.0, 8.0, 0.0, 0.0]
     assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 0.0, 2.0, 2.0]
@@ -223,7 +225,7 @@ def test_a_batch_beyond_k_is_dropped_counted_and_regenerated_on_current_weights(
 
 
 def test_two_ahead_resumes_on_the_batches_ahead_and_ends_as_the_uninterrupted_run(
-    tiny_model_dir, tmp_path, monkeypatch, slow_trainer
+    tiny_model_dir, tmp_path, monkeypatch
 ):
     """k=2 through the worker, a checkpoint every step: the one after step 3 holds the batches
     of steps 4 and 5 (0-based 3 and 4) sampled by versions 1 and 2. A run resumed from it trains
@@ -231,7 +233,7 @@ def test_two_ahead_resumes_on_the_batches_ahead_and_ends_as_the_uninterrupted_ru
     _engine(monkeypatch, WorkerEngine)
     extra = ("rollout.max_staleness=2", "train.save_every=1", "train.max_checkpoints=3")
     extra += ("train.max_steps=5",)
-    full, lines = _run(_cfg(tiny_model_dir, tmp_path / "full", *extra))
+    full, lines = _run(_cfg(tiny_model_dir, tmp_path / "full", *extra), slow=True)
     part = tmp_path / "part"
     shutil.copytree(full.run.run_dir, part)
     for name in ("checkpoints/step_000004", "checkpoints/step_000005", "final"):

@@ -32,6 +32,11 @@ Where the batches ahead are generated:
 
 Every completion carries the policy version that sampled it (the server's label, else
 ``stamp_version``); ``staleness_stats`` logs trained version minus that.
+
+The loss treats a batch ahead as decoupled PPO does (arXiv 2505.24298): the proximal policy the
+ratio is clipped around is the trainer's current weights (the step's old-log-prob pass), and the
+behaviour policy, the engine's log-probs on each completion, enters only through the rollout
+correction (``algo.rollout_correction`` / ``algo.tis_cap``); nothing in the objective depends on k.
 """
 
 from __future__ import annotations
