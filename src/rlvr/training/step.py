@@ -170,7 +170,14 @@ class Step:
             else None,
         )
 
-    def sample(self, rows, texts, ids, vision, params: SamplingParams) -> RolloutBatch:
+    def sample(
+        self,
+        rows: list[dict],
+        texts: list[str],
+        ids: list[list[int]],
+        vision: list | None,
+        params: SamplingParams,
+    ) -> RolloutBatch:
         """Generate a batch with the engine (touches no RNG or counter of this process)."""
         engine, g, episodes = self.run.engine, self.cfg.algo.group_size, self.run.episodes
         version = engine.policy_version  # the weights it holds as the generation starts
