@@ -182,10 +182,9 @@ def test_two_ahead_trains_versions_within_two_and_equals_the_replayed_reference(
     tiny_model_dir, tmp_path, monkeypatch
 ):
     """k=2, 6 steps (0-based here; metrics.jsonl logs step s as s + 1), a worker much faster
-    than the trainer: steps 1 and 2 train the batches
-    requested at step 0 (version 0), then step s trains the batch version s-2 sampled as soon as
-    it was requested, during step s-2: sampling versions 0,0,0,1,2,3, staleness 0,1,2,2,2,2,
-    nothing dropped. The weights equal the replayed reference bitwise."""
+    than the trainer: steps 1 and 2 train the batches requested at step 0 (version 0), then step
+    s trains the batch version s-2 sampled as soon as it was requested, during step s-2: sampling
+    versions 0,0,0,1,2,3, staleness 0,1,2,2,2,2, nothing dropped. The weights equal the replayed reference bitwise."""
     _engine(monkeypatch, WorkerEngine)
     piped, lines = _run(
         _cfg(tiny_model_dir, tmp_path / "piped", "rollout.max_staleness=2"), slow=True
@@ -208,9 +207,8 @@ def test_a_batch_beyond_k_is_dropped_counted_and_regenerated_on_current_weights(
     tiny_model_dir, tmp_path, monkeypatch
 ):
     """k=2 with rollout.sync_every=2 (pushes after updates 2 and 4 only; steps 0-based): step
-    3's batch was
-    requested at step 1 when the engine still held version 0, so at step 3 it is 3 versions
-    behind: dropped (stale_dropped 1, its 8 sequences counted) and sampled again after pushing
+    3's batch was requested at step 1 when the engine still held version 0, so at step 3 it is 3
+    versions behind: dropped (stale_dropped 1, its 8 sequences counted) and sampled again after pushing
     version 3 (staleness 0). Step 4's batch, requested after the push of version 2, and step
     5's, requested after the regeneration's push of version 3, are 2 behind: kept. The weights
     equal the reference that replays versions 0,0,0,3,2,3."""
