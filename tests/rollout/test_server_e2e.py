@@ -6,6 +6,7 @@ rollout-server`, vLLM's OpenAI-compatible server in a child process), a tiny flo
 - staleness 1: 3 steps; staleness 0 then 1, 1, every completion labelled by the server with the
   version that sampled it; a trainer restarted from the step-2 checkpoint reconnects to the same
   worker and ends like the uninterrupted run.
+- staleness 2: 5 steps with a planted slow trainer; staleness 0, 1, 2, 2, 2 by the server's labels.
 - a trainer SIGKILLed mid-run is resumed (`rlvr train --resume`) against the same worker.
 """
 
@@ -237,6 +238,36 @@ def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(
     wa, wb = full.model.state_dict(), resumed.model.state_dict()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_staleness_2_keeps_every_batch_within_two_versions(
+    model_dir, server, tmp_path, monkeypatch
+):
+    """rollout.max_staleness=2 against the worker, the trainer slowed by a planted 2 s per
+    update so that the worker runs ahead: the batches of the next two steps are generated on the
+    worker during each update, the server labels every completion, and the lag reads 0, 1, then
+    2 (the most the pipeline allows: the batch of step s+2 is requested during step s), never
+    more; nothing is dropped since every update is pushed."""
+    import time
+
+    import rlvr.training.step as step_mod
+
+    real = step_mod.update
+
+    def slow(*args):
+        time.sleep(2.0)
+        return real(*args)
+
+    monkeypatch.setattr(step_mod, "update", slow)
+    extra = ("rollout.mode=server", f"rollout.server_url={server}", "rollout.max_staleness=2")
+    trainer = Trainer(_config(model_dir, tmp_path / "k2", *extra, "train.max_steps=5"))
+    trainer.fit()
+    lines = _lines(trainer.run.run_dir)
+    assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    assert [m["staleness_mean"] for m in lines] == [0.0, 1.0, 2.0, 2.0, 2.0]
+    assert [m["stale_dropped"] for m in lines] == [0.0] * 5
+    assert all(m["logprob_diff_max"] > 1e-3 for m in lines[1:])  # truly older weights
+    assert {c.policy_version for c in trainer.last_batch.completions} == {2}  # the server's label
 
 
 def test_the_worker_survives_a_killed_trainer(model_dir, server, tmp_path):

@@ -126,7 +126,7 @@ def test_staleness_one_run_logs_versions_and_resumes_exactly(tiny_model_dir, tmp
     shutil.rmtree(part / "checkpoints" / "step_000003")
     shutil.rmtree(part / "final")
     saved = json.loads((part / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
-    ahead = saved["extra"]["lookahead"]
+    [ahead] = saved["extra"]["lookahead"]["batches"]
     assert ahead["step"] == 2 and len(ahead["groups"]) == 2  # step 3's batch (0-based 2)
     assert {c["policy_version"] for g in ahead["groups"] for c in g} == {1}
     resumed = Trainer(load_config(part / "config.yaml", [f"train.resume={part}"]))

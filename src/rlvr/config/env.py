@@ -78,8 +78,8 @@ def env_problems(cfg) -> list[str]:
         )
     if cfg.rollout.max_staleness:
         out.append(
-            "rollout.max_staleness=1 with env.name: not supported yet (episodes are generated "
-            "in the step); use rollout.max_staleness=0"
+            f"rollout.max_staleness={cfg.rollout.max_staleness} with env.name: not supported yet "
+            "(episodes are generated in the step); use rollout.max_staleness=0"
         )
     if cfg.reward.overlong_buffer:
         out.append(

@@ -144,9 +144,12 @@ class RolloutConfig(Section):
     max_staleness: int = Field(
         0,
         ge=0,
-        le=1,
-        description="1: the next step's batch is generated from the policy before this step's "
-        "update (overlapped with it in rollout.mode=server); pair with algo.rollout_correction (or algo.tis_cap). 0: on-policy.",
+        le=4,
+        description="k: the batches of the next k steps are requested before this step's update "
+        "(generated alongside the trainer in rollout.mode=server, in order in the trainer's "
+        "thread otherwise), each at most k versions old when trained; an older batch is dropped "
+        "and regenerated (docs/rollout.md). Pair with algo.rollout_correction (or algo.tis_cap). "
+        "0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(

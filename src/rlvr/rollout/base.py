@@ -81,7 +81,7 @@ class Completion:
 class RolloutEngine(Protocol):
     name: str
     # The trainer's policy version (updates applied) of the weights the engine samples from;
-    # the run loop syncs whenever it differs from the train state's (training/step.sync_engine).
+    # the run loop syncs whenever it differs from the train state's (training/overlap.sync_engine).
     policy_version: int
 
     def generate(

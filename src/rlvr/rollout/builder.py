@@ -45,8 +45,8 @@ def vlm_rollout_problems(cfg: Config) -> list[str]:
         out.append(VLLM_VLM_REFUSAL.replace("rollout.engine=vllm", "rollout.mode=server", 1))
     if cfg.rollout.max_staleness:
         out.append(
-            "rollout.max_staleness=1 with a vision-language model: the batch generated ahead "
-            "is checkpointed without its images; use rollout.max_staleness=0"
+            f"rollout.max_staleness={cfg.rollout.max_staleness} with a vision-language model: the "
+            "batch generated ahead is checkpointed without its images; use rollout.max_staleness=0"
         )
     return out
 

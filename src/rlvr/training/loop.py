@@ -23,10 +23,11 @@ from rlvr.telemetry.samples import list_sample_steps, samples_path
 from rlvr.telemetry.sinks import read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SPIKES_FILE
 from rlvr.training.memory import memory_lines
+from rlvr.training.overlap import sync_engine
 from rlvr.training.preempt import Preempted, StopSignals
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
-from rlvr.training.step import Step, sync_engine
+from rlvr.training.step import Step
 
 
 def write_status(run_dir: Path, state: str, **extra) -> None:
@@ -109,7 +110,7 @@ def resume(run: Run, state: TrainState, step: Step) -> tuple[dict, list[dict]]:
         # The engine was built from the base weights: the first resumed step must not sample
         # from them.
         sync_engine(run.engine, state, run.named_weights)
-        step.load_state_dict(extra)  # rollout.max_staleness=1: the batch made ahead
+        step.load_state_dict(extra)  # rollout.max_staleness=k: the batches made ahead
         rewind_run_files(run.run_dir, state.step)
         return extra, [m for m in read_metrics(run.run_dir) if m["step"] > 0]
     if (run.run_dir / "metrics.jsonl").exists():  # train.resume=auto without a checkpoint

@@ -1,126 +1,266 @@
-"""``rollout.max_staleness=1``: the batch of step t+1 is generated from the policy before update t.
+"""``rollout.max_staleness=k`` (0 to 4): the batches of the next k steps are requested ahead.
 
-``Lookahead`` holds that batch between steps. The step asks it to ``start`` the next batch after
-scoring the current one and before its update, and ``take``s it at the start of the next step:
+``Lookahead`` holds them between steps. The pipeline (versions count updates; with every update
+synced, the engine holds version s while step s runs):
 
-- an engine in this process (hf, colocated vLLM) generates at once, in the calling thread. One
-  device and one process leave nothing to overlap with; a thread would only contend for the same
-  cores (and the hf engine would read the very weights the update writes), and generating in
-  order keeps the run deterministic (same seeds, same RNG order).
-- an engine in another process (``rollout.mode=server``, ``engine.remote = True``) generates in a
-  background thread that only waits on the worker's HTTP reply, so generation t+1 runs on the
-  worker while update t runs here. The request (seeds, prompt rows, sampler position) is drawn in
-  the main thread before the thread starts, so the thread touches no global RNG or counter.
+- step 0 generates its batch at once; after scoring a batch of step s, and before update s, the
+  step requests every batch up to step s + k (steps 1..k at step 0, then step s + k);
+- a request draws its prompts, seeds and sampler position in the trainer's thread, in step
+  order; the batch is sampled by the weights the engine holds when its generation starts, never
+  older than those it held at the request. So the batch of step s + k, requested while step s
+  runs, comes from version >= s: at most k versions behind the version that trains on it;
+- the trainer takes batches in step order (``take``). A batch with a completion more than k
+  versions behind the trained version (the engine lags when ``rollout.sync_every`` > 1 skips
+  pushes, or a server labels older weights) is dropped, counted (``stale_dropped`` batches,
+  ``stale_dropped_seqs`` sequences) and regenerated at once from the same prompts and seeds after
+  pushing the current weights (``resample``): the step still trains one batch of its own
+  prompts, so the step count, the data order and a resume stay those of the run.
 
-A weight sync must not land in the middle of a generation: ``wait()`` (the step calls it before
-syncing) blocks until the pending batch has arrived. Every completion carries the policy version
-that sampled it; ``staleness_stats`` logs trained version minus that.
+Where the batches ahead are generated:
+
+- an engine in this process (hf, colocated vLLM) generates each at its request, in the calling
+  thread. One device and one process leave nothing to overlap with; a thread would only contend
+  for the same cores (and the hf engine would read the very weights the update writes), and
+  generating in order keeps the run deterministic (same seeds, same RNG order). With k > 1 this
+  reproduces the lag of a k-deep pipeline exactly (version s samples step s + k), at no gain in
+  speed: a way to study staleness reproducibly;
+- an engine in another process (``rollout.mode=server``, ``engine.remote = True``) generates in
+  one background thread that only waits on the worker's HTTP replies, the requests in step
+  order. A ``_Gate`` keeps weight syncs and generations apart: a sync waits for the generation in
+  flight (``time_wait_ahead``), and generations queued behind it wait for the sync, so they start
+  on the new weights.
+
+Every completion carries the policy version that sampled it (the server's label, else
+``stamp_version``); ``staleness_stats`` logs trained version minus that.
+
+The loss treats a batch ahead as decoupled PPO does (arXiv 2505.24298): the proximal policy the
+ratio is clipped around is the trainer's current weights (the step's old-log-prob pass), and the
+behaviour policy, the engine's log-probs on each completion, enters only through the rollout
+correction (``algo.rollout_correction`` / ``algo.tis_cap``); nothing in the objective depends on k.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from rlvr.objectives.batch import RolloutBatch
 from rlvr.rollout.base import Completion
+from rlvr.training.state import TrainState
+
+
+def sync_engine(
+    engine,
+    state: TrainState,
+    weights: Callable[[], Iterator],
+    *,
+    every: int = 1,
+    guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> dict | None:
+    """Give ``engine`` the state's weights when it holds an older policy version.
+
+    ``every`` > 1 lets generation run on weights up to ``every - 1`` updates old
+    (``rollout.sync_every``); evaluation and restore call it with 1. An engine that samples from
+    the trainer's own module (``shares_weights``) is always current. ``guard`` is held around a
+    push (``Lookahead.guard``: no generation runs ahead meanwhile). Returns the engine's sync
+    statistics, or None when nothing was pushed."""
+    if getattr(engine, "shares_weights", False):
+        engine.policy_version = state.policy_version
+        return None
+    lag = state.policy_version - engine.policy_version
+    if lag == 0 or (0 < lag < every):
+        return None
+    with guard():
+        engine.load_weights(weights())
+        engine.policy_version = state.policy_version
+    stats = getattr(engine, "last_sync_stats", None)  # the vLLM engine's SyncStats
+    return dataclasses.asdict(stats) if stats is not None else {}
+
+
+class _Gate:
+    """Generations (the worker thread) and weight syncs (the trainer's thread) never overlap; a
+    sync that waits goes before the next queued generation (else a fast worker could keep the
+    trainer's weights from ever reaching the engine while its queue is full)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generating = False
+        self._syncing = False
+        self.waited = 0.0  # seconds syncs waited for a generation in flight
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._syncing)
+            self._generating = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._generating = False
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        t = time.perf_counter()
+        with self._cond:
+            self._syncing = True
+            self._cond.wait_for(lambda: not self._generating)
+        self.waited += time.perf_counter() - t
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._syncing = False
+                self._cond.notify_all()
+
+
+@dataclasses.dataclass
+class _Ahead:
+    step: int
+    future: Future | None = None  # background: the generation queued or running
+    batch: RolloutBatch | None = None
+    seconds: float = 0.0  # wall time of its generation (in the thread if background)
+
+    def result(self) -> RolloutBatch:
+        if self.future is not None:
+            future, self.future = self.future, None
+            self.batch = future.result()  # a failed generation raises here, in the trainer
+        return self.batch
 
 
 class Lookahead:
-    """The batch generated one step ahead.
+    """The batches generated up to ``depth`` steps ahead (module docstring).
 
     ``request(step)`` runs in the caller's thread and returns a zero-argument function that
-    generates step ``step``'s batch (``Step.request``); ``background`` runs that function in a
-    worker thread.
-    """
+    generates step ``step``'s batch (``Step.request``); ``resample(batch, step)`` pushes the
+    current weights and generates a dropped batch again from its prompts and seeds
+    (``Step.resample``); ``background`` runs the generations in a worker thread."""
 
-    def __init__(self, request: Callable[[int], Callable[[], RolloutBatch]], background: bool):
-        self._request = request
+    def __init__(
+        self,
+        request: Callable[[int], Callable[[], RolloutBatch]],
+        resample: Callable[[RolloutBatch, int], RolloutBatch],
+        depth: int,
+        background: bool,
+    ):
+        self._request, self._resample, self.depth = request, resample, depth
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="rlvr-lookahead") if background else None
         )
-        self._step: int | None = None
-        self._future: Future | None = None
-        self._batch: RolloutBatch | None = None
-        self.seconds = 0.0  # wall time of the last batch's generation (in the thread if background)
-        self.taken = False  # whether the last take() returned a batch generated ahead
+        self._gate = _Gate() if background else None
+        self._queue: deque[_Ahead] = deque()
+        self._next: int | None = None  # the next step to request (None: none requested yet)
+        self._taken: _Ahead | None = None  # the entry the last take() returned
+        self.dropped = (0, 0)  # (batches, sequences) the last take() dropped as too stale
+
+    def guard(self) -> contextlib.AbstractContextManager:
+        """Held around a weight push: waits for the generation in flight, holds back the queue."""
+        return self._gate.exclusive() if self._gate is not None else contextlib.nullcontext()
+
+    def waited(self) -> float:
+        """Seconds weight pushes waited for a generation since the last call."""
+        if self._gate is None:
+            return 0.0
+        out, self._gate.waited = self._gate.waited, 0.0
+        return out
 
     def start(self, step: int) -> None:
-        """Generate the batch of step ``step`` (0-based: the ``state.step`` it will run at)."""
-        if self._step is not None:
-            raise RuntimeError(f"a batch for step {self._step} is already ahead")
+        """Request the batch of step ``step`` (0-based: the ``state.step`` it will run at)."""
+        if self._next is not None and step != self._next:
+            raise RuntimeError(f"the next batch to request is step {self._next}'s, not {step}'s")
+        entry = _Ahead(step)
         generate = self._request(step)
-        self._step = step
+        self._next = step + 1
         if self._pool is None:
-            self._batch = self._timed(generate)
+            entry.batch = self._timed(entry, generate)
         else:
-            self._future = self._pool.submit(self._timed, generate)
+            entry.future = self._pool.submit(self._background, entry, generate)
+        self._queue.append(entry)
 
     def advance(self, step: int, max_steps: int, metrics: dict, times: dict, timed) -> None:
         """After scoring step ``step``'s batch: log its generation time (``time_generate``,
-        wherever and whenever it ran) and start the next step's batch (``timed`` counts the
-        trainer's share into ``time_rollout``), unless this is the last step."""
-        metrics["time_generate"] = self.seconds if self.taken else times["time_rollout"]
-        if step + 1 < max_steps:
-            timed("time_rollout", self.start, step + 1)
+        wherever and whenever it ran) and the batches dropped as too stale, and request every
+        batch up to step ``step + depth`` (``timed`` counts the trainer's share into
+        ``time_rollout``)."""
+        taken = self._taken
+        metrics["time_generate"] = taken.seconds if taken is not None else times["time_rollout"]
+        metrics["stale_dropped"], metrics["stale_dropped_seqs"] = map(float, self.dropped)
+        first = step + 1 if self._next is None else self._next
+        for nxt in range(first, min(step + self.depth, max_steps - 1) + 1):
+            timed("time_rollout", self.start, nxt)
 
-    def _timed(self, generate: Callable[[], RolloutBatch]) -> RolloutBatch:
+    def _timed(self, entry: _Ahead, generate: Callable[[], RolloutBatch]) -> RolloutBatch:
         t = time.perf_counter()
         batch = generate()
-        self.seconds = time.perf_counter() - t
+        entry.seconds = time.perf_counter() - t
         return batch
 
-    def wait(self) -> float:
-        """Block until the pending batch (if any) has arrived; returns the seconds waited."""
-        if self._future is None:
-            return 0.0
-        t = time.perf_counter()
-        future, self._future = self._future, None
-        self._batch = future.result()  # a failed generation raises here, in the trainer
-        return time.perf_counter() - t
+    def _background(self, entry: _Ahead, generate: Callable[[], RolloutBatch]) -> RolloutBatch:
+        with self._gate.generating():
+            return self._timed(entry, generate)
 
-    def take(self, step: int) -> RolloutBatch | None:
-        """The batch generated ahead for ``step`` (waiting for it), or None when there is none."""
-        self.taken = False
-        if self._step is None:
+    def take(self, step: int, trained_version: int) -> RolloutBatch | None:
+        """The batch generated ahead for ``step`` (waiting for it), or None when there is none.
+        A batch with a completion more than ``depth`` versions behind ``trained_version`` is
+        dropped and generated again (``resample``)."""
+        self._taken, self.dropped = None, (0, 0)
+        if not self._queue:
             return None
-        if self._step != step:
-            raise RuntimeError(f"the batch ahead is for step {self._step}, not step {step}")
-        self.wait()
-        batch, self._batch, self._step = self._batch, None, None
-        self.taken = True
+        if self._queue[0].step != step:
+            raise RuntimeError(f"the batch ahead is for step {self._queue[0].step}, not {step}")
+        entry = self._queue.popleft()
+        batch = entry.result()
+        versions = [c.policy_version for c in batch.completions if c.policy_version is not None]
+        if versions and trained_version - min(versions) > self.depth:
+            self.dropped = (1, len(batch.completions))
+            t = time.perf_counter()
+            batch = entry.batch = self._resample(batch, step)
+            entry.seconds = time.perf_counter() - t
+        self._taken = entry
         return batch
+
+    def wait(self) -> None:
+        """Block until every batch requested has arrived."""
+        for entry in self._queue:
+            entry.result()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
-        """The batch ahead (JSON-able), so a resumed run trains on what it generated before."""
+        """The batches ahead (JSON-able), so a resumed run trains on what it generated before."""
         self.wait()
-        if self._step is None:
-            return {}
-        b = self._batch
-        return {
-            "step": self._step,
-            "rows": b.rows,
-            "prompt_texts": b.prompt_texts,
-            "prompt_ids": b.prompt_ids,
-            "groups": [[dataclasses.asdict(c) for c in grp] for grp in b.groups],
-            "group_size": b.group_size,
-        }
+        return {"batches": [_batch_state(e.step, e.batch) for e in self._queue]}
 
     def load_state_dict(self, state: dict) -> None:
-        if not state:
-            return
-        groups = [[Completion(**c) for c in grp] for grp in state["groups"]]
-        self._batch = RolloutBatch(
-            state["rows"], state["prompt_texts"], state["prompt_ids"], groups, state["group_size"]
-        )
-        self._step = int(state["step"])
+        if "step" in state:  # a checkpoint of one batch ahead, as written before max_staleness > 1
+            state = {"batches": [state]}
+        for s in state.get("batches", []):
+            groups = [[Completion(**c) for c in grp] for grp in s["groups"]]
+            batch = RolloutBatch(
+                s["rows"], s["prompt_texts"], s["prompt_ids"], groups, s["group_size"]
+            )
+            self._queue.append(_Ahead(int(s["step"]), batch=batch))
+            self._next = int(s["step"]) + 1
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _batch_state(step: int, b: RolloutBatch) -> dict:
+    return {
+        "step": step,
+        "rows": b.rows,
+        "prompt_texts": b.prompt_texts,
+        "prompt_ids": b.prompt_ids,
+        "groups": [[dataclasses.asdict(c) for c in grp] for grp in b.groups],
+        "group_size": b.group_size,
+    }
 
 
 def stamp_version(groups: list[list[Completion]], version: int) -> None:

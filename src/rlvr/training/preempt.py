@@ -17,8 +17,8 @@ at that step would have written (a resumed run then matches an uninterrupted one
   periodic one is named instead);
 - after the update (sync, evaluation, logging, the periodic save): the step completes first.
 
-Several processes (torchrun), or a batch generated one step ahead (``rollout.max_staleness=1``):
-no step is abandoned (a rank leaving a collective would hang the others; the batch ahead is
+Several processes (torchrun), or batches generated ahead (``rollout.max_staleness`` > 0):
+no step is abandoned (a rank leaving a collective would hang the others; the batches ahead are
 already drawn); every step runs to its end, where the ranks agree through the process group
 (``requested``) whether any of them got a signal, so one rank receiving it is enough.
 """

@@ -9,10 +9,10 @@ the run loop owns, and never branches on the objective (the objective's methods 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import functools
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,33 +25,12 @@ from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episodes import check_env_failures, episode_scores
 from rlvr.training.dynamic_sampling import assemble, count_informative
-from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version
+from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version, sync_engine
 from rlvr.training.rollout_correction import correction_weights
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import advantage_stats, rollout_metrics
 from rlvr.training.update import engine_diffs, update
-
-
-def sync_engine(
-    engine, state: TrainState, weights: Callable[[], Iterator], *, every: int = 1
-) -> dict | None:
-    """Give ``engine`` the state's weights when it holds an older policy version.
-
-    ``every`` > 1 lets generation run on weights up to ``every - 1`` updates old
-    (``rollout.sync_every``); evaluation and restore call it with 1. An engine that samples from
-    the trainer's own module (``shares_weights``) is always current. Returns the engine's sync
-    statistics, or None when nothing was pushed."""
-    if getattr(engine, "shares_weights", False):
-        engine.policy_version = state.policy_version
-        return None
-    lag = state.policy_version - engine.policy_version
-    if lag == 0 or (0 < lag < every):
-        return None
-    engine.load_weights(weights())
-    engine.policy_version = state.policy_version
-    stats = getattr(engine, "last_sync_stats", None)  # the vLLM engine's SyncStats
-    return dataclasses.asdict(stats) if stats is not None else {}
 
 
 class Step:
@@ -64,11 +43,9 @@ class Step:
         """``on_phase(name)`` is called after each timed phase (the memory meter's hook)."""
         self.run, self.state, self.cfg = run, state, run.cfg
         self.on_phase = on_phase
-        self._ahead = (
-            Lookahead(self.request, background=getattr(run.engine, "remote", False))
-            if run.cfg.rollout.max_staleness > 0
-            else None
-        )
+        k = run.cfg.rollout.max_staleness
+        remote = getattr(run.engine, "remote", False)
+        self._ahead = Lookahead(self.request, self.resample, k, remote) if k > 0 else None
         # around the update: the trainer's stop signals let an update finish (training/preempt)
         self.update_guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
@@ -104,7 +81,7 @@ class Step:
         metrics = timed("time_reward", self.score, batch)
         if self.cfg.algo.dynamic_sampling:
             batch, metrics = self.fill(batch, timed)
-        if self._ahead is not None:  # rollout.max_staleness=1: start the next step's batch
+        if self._ahead is not None:  # rollout.max_staleness=k: request up to step + k
             self._ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
         metrics.update(staleness_stats(batch.completions, self.state.policy_version))
         if self.cfg.rollout.sleep_during_update and hasattr(self.run.engine, "sleep"):
@@ -116,9 +93,12 @@ class Step:
             update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.run)
         metrics.update(update_metrics)
         metrics.update(self._trust_stats(diffs + more_diffs))
-        if self._ahead is not None:  # never swap weights under a generation in flight
-            times["time_wait_ahead"] = self._ahead.wait()
+        if self._ahead is not None:
+            self._ahead.waited()  # from here: the wait of this push only
         sync = timed("time_sync", self.sync)
+        if self._ahead is not None:  # the push waited for a generation in flight (overlap._Gate)
+            times["time_wait_ahead"] = self._ahead.waited()
+            times["time_sync"] -= times["time_wait_ahead"]
         if sync:
             metrics.update({f"sync_{k}": float(v) for k, v in sync.items()})
         times.setdefault("time_reference", 0.0)  # 0 without a reference model
@@ -156,7 +136,7 @@ class Step:
         """Draw step ``step``'s prompts and seeds and sync the engine, in this thread; the
         returned function generates (and touches no RNG or counter of this process, so
         `rlvr.training.overlap.Lookahead` may run it in a thread)."""
-        cfg, g = self.cfg, self.cfg.algo.group_size
+        cfg = self.cfg
         seed = self.seed(round_, step)
         # Every rank draws the same global prompts and keeps its own slice of whole prompts.
         global_idx = self.state.sampler.next_indices()
@@ -170,35 +150,54 @@ class Step:
             if episodes is None
             else ([], [], None)
         )
-        sync_engine(
-            self.run.engine, self.state, self.run.named_weights, every=cfg.rollout.sync_every
-        )
-        r = cfg.rollout
-        params = SamplingParams(
-            n=g,
+        self.sync()
+        params = self._params(seed, lo, len(rows))
+        return functools.partial(self.sample, rows, texts, ids, vision, params)
+
+    def _params(self, seed: int, lo: int, n_rows: int) -> SamplingParams:
+        """The sampling of a batch seeded ``seed`` whose rows start at global prompt ``lo``."""
+        r = self.cfg.rollout
+        return SamplingParams(
+            n=self.cfg.algo.group_size,
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
             max_new_tokens=r.max_new_tokens,
             stop=tuple(r.stop),
             seed=seed + 7919 * self.run.dist.rank,
-            prompt_seeds=tuple(seed * 4099 + lo + j for j in range(len(rows)))
+            prompt_seeds=tuple(seed * 4099 + lo + j for j in range(n_rows))
             if r.seed_per_prompt
             else None,
         )
-        engine, version = self.run.engine, self.run.engine.policy_version
-        images = {} if vision is None else {"vision": vision}  # text engines take no images
 
-        def run() -> RolloutBatch:
-            if episodes is not None:
-                ep_texts, ep_ids, groups = episodes.run(engine, rows, params)
-                stamp_version(groups, version)
-                return RolloutBatch(rows, ep_texts, ep_ids, groups, g)
-            groups = engine.generate(ids, params, **images)
+    def sample(
+        self,
+        rows: list[dict],
+        texts: list[str],
+        ids: list[list[int]],
+        vision: list | None,
+        params: SamplingParams,
+    ) -> RolloutBatch:
+        """Generate a batch with the engine (touches no RNG or counter of this process)."""
+        engine, g, episodes = self.run.engine, self.cfg.algo.group_size, self.run.episodes
+        version = engine.policy_version  # the weights it holds as the generation starts
+        if episodes is not None:
+            ep_texts, ep_ids, groups = episodes.run(engine, rows, params)
             stamp_version(groups, version)
-            return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
+            return RolloutBatch(rows, ep_texts, ep_ids, groups, g)
+        images = {} if vision is None else {"vision": vision}  # text engines take no images
+        groups = engine.generate(ids, params, **images)
+        stamp_version(groups, version)
+        return RolloutBatch(rows, texts, ids, groups, g, vision=vision)
 
-        return run
+    def resample(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+        """Step ``step``'s batch generated again from its prompts and seeds on the current
+        weights (pushed first): a batch ahead dropped as too stale (`overlap.Lookahead.take`)."""
+        self.push()
+        seed = self.cfg.train.seed * 1_000_003 + step  # seed(0, step), no RNG touched
+        lo = self.run.dist.rank * len(batch.rows)
+        params = self._params(seed, lo, len(batch.rows))
+        return self.sample(batch.rows, batch.prompt_texts, batch.prompt_ids, batch.vision, params)
 
     def score(self, batch: RolloutBatch) -> dict:
         comps, g = batch.completions, batch.group_size
@@ -337,13 +336,22 @@ class Step:
 
     def next_batch(self) -> RolloutBatch:
         """This step's batch: the one generated ahead (waiting for it), else generated now."""
-        ahead = self._ahead.take(self.state.step) if self._ahead is not None else None
-        return ahead if ahead is not None else self.generate()
+        ahead = self._ahead
+        taken = ahead.take(self.state.step, self.state.policy_version) if ahead else None
+        return taken if taken is not None else self.generate()
 
-    def sync(self) -> dict | None:
+    def sync(self, every: int | None = None) -> dict | None:
+        """Push the weights to the engine if it is ``every`` (``rollout.sync_every``) or more
+        versions behind, never under a generation running ahead (`overlap.Lookahead.guard`)."""
+        every = self.cfg.rollout.sync_every if every is None else every
+        guard = self._ahead.guard if self._ahead is not None else contextlib.nullcontext
         return sync_engine(
-            self.run.engine, self.state, self.run.named_weights, every=self.cfg.rollout.sync_every
+            self.run.engine, self.state, self.run.named_weights, every=every, guard=guard
         )
+
+    def push(self) -> dict | None:
+        """Give the engine the current weights (evaluation, a stale batch's regeneration)."""
+        return self.sync(every=1)
 
     def _global_rollout_metrics(self, batch: RolloutBatch) -> dict:
         """Rollout metrics over every rank's completions (each rank holds a slice)."""

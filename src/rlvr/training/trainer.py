@@ -47,7 +47,7 @@ from rlvr.training.loop import (
 from rlvr.training.memory import GIB, MemoryMeter, compare
 from rlvr.training.preempt import Preempted, StopSignals
 from rlvr.training.setup import Run, setup_run
-from rlvr.training.step import Step, sync_engine
+from rlvr.training.step import Step
 
 
 class Trainer:
@@ -151,7 +151,7 @@ class Trainer:
                 model=run.model,
                 heldout_rows=run.eval_rows,
                 train_rows=run.train_rows,
-                sync=lambda: sync_engine(run.engine, state, run.named_weights),
+                sync=self.step_fn.push,  # never under a generation running ahead
             )
             if "evaluator" in extra:
                 evaluator.load_state_dict(extra["evaluator"])

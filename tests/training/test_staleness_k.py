@@ -1,0 +1,275 @@
+"""rollout.max_staleness=k up to 4: the batches of the next k steps are requested ahead
+(training/overlap.py). A planted slow trainer and a fast rollout worker without vLLM: a "remote"
+engine (``remote = True``, so the step generates in a background thread) holding its own copy of
+the weights, which only a sync changes, and labelling each completion with the version it was
+last synced to. The versions each step trains on are predicted exactly, batches more than k
+behind are dropped and counted, and the final weights equal those of a reference run that
+trains on-policy step by step but samples each step's batch from a snapshot of the weights of
+the version the pipeline recorded for it: a batch fed at the wrong step, or sampled by other
+weights than its label says, changes the weights."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+
+import pytest
+import torch
+from test_staleness import COMMON
+from test_train_e2e import read_lines, tiny_config
+
+import rlvr.training.setup as setup_mod
+import rlvr.training.step as step_mod
+from rlvr.config import ConfigError, load_config
+from rlvr.config.env import env_problems
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.training.trainer import Trainer
+
+SLOW_UPDATE_S = 1.0  # the planted slow trainer; the worker samples a batch in < 0.1 s
+
+
+@torch.no_grad()
+def sample(model, tokenizer, prompt_ids: list[list[int]], params: SamplingParams):
+    """``params.n`` samples per prompt at temperature ``params.temperature``, cut after EOS, from
+    a generator of its own (a worker thread must not touch the trainer's global RNG)."""
+    out = []
+    for i, prompt in enumerate(prompt_ids):
+        gen = torch.Generator().manual_seed(params.seed * 1000 + i)
+        ids = torch.tensor([prompt] * params.n)
+        toks, lps = [], []
+        for _ in range(params.max_new_tokens):
+            logits = model(input_ids=ids).logits[:, -1].float() / params.temperature
+            logp = torch.log_softmax(logits, -1)
+            nxt = torch.multinomial(logp.exp(), 1, generator=gen)[:, 0]
+            toks.append(nxt)
+            lps.append(logp.gather(1, nxt[:, None])[:, 0])
+            ids = torch.cat([ids, nxt[:, None]], 1)
+        group = []
+        for j in range(params.n):
+            row = [int(t[j]) for t in toks]
+            n = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+            group.append(
+                Completion(
+                    prompt_index=i,
+                    token_ids=row[:n],
+                    logprobs=[float(lp[j]) for lp in lps[:n]],
+                    text=tokenizer.decode(row[:n], skip_special_tokens=True),
+                    finish_reason="stop" if n < len(row) else "length",
+                )
+            )
+        out.append(group)
+    return out
+
+
+class WorkerEngine:
+    """A rollout worker as the step sees a server: ``remote``, weights of its own."""
+
+    name = "worker"
+    remote = True
+
+    def __init__(self, model, tokenizer):
+        self.model = copy.deepcopy(model).eval()
+        self.tokenizer = tokenizer
+        self.policy_version = 0  # built from the trainer's initial weights
+
+    def load_weights(self, named_tensors) -> None:
+        self.model.load_state_dict(dict(named_tensors))
+
+    def generate(self, prompt_ids, params: SamplingParams, vision=None):
+        version = self.policy_version  # no sync lands during a generation (overlap._Gate)
+        groups = sample(self.model, self.tokenizer, prompt_ids, params)
+        for c in (c for g in groups for c in g):
+            c.policy_version = version
+        return groups
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayEngine:
+    """An in-process engine that keeps every version pushed to it and samples the i-th batch
+    from version ``tags[i]``'s weights."""
+
+    name = "replay"
+
+    def __init__(self, model, tokenizer, tags: list[int]):
+        self.model = copy.deepcopy(model).eval()
+        self.tokenizer, self.tags = tokenizer, list(tags)
+        self.snapshots = {0: copy.deepcopy(self.model.state_dict())}
+        self._version = 0
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @policy_version.setter
+    def policy_version(self, v: int) -> None:
+        self._version = v
+        self.snapshots[v] = copy.deepcopy(self.model.state_dict())
+
+    def load_weights(self, named_tensors) -> None:
+        self.model.load_state_dict(dict(named_tensors))
+
+    def generate(self, prompt_ids, params: SamplingParams, vision=None):
+        tag = self.tags.pop(0)
+        current = copy.deepcopy(self.model.state_dict())
+        self.model.load_state_dict(self.snapshots[tag])
+        groups = sample(self.model, self.tokenizer, prompt_ids, params)
+        self.model.load_state_dict(current)
+        for c in (c for g in groups for c in g):
+            c.policy_version = tag
+        return groups
+
+    def close(self) -> None:
+        pass
+
+
+REAL_UPDATE = step_mod.update
+
+
+def _slow_update(*args):
+    time.sleep(SLOW_UPDATE_S)
+    return REAL_UPDATE(*args)
+
+
+def _engine(monkeypatch, make) -> None:
+    monkeypatch.setattr(
+        setup_mod, "build_engine", lambda cfg, model, tok, *a, **k: make(model, tok)
+    )
+
+
+def _cfg(model_dir, out, *extra):
+    return tiny_config(
+        model_dir, out, *COMMON, "algo.tis_cap=2", "train.lr=3e-3", "train.max_steps=6", *extra
+    )
+
+
+def _run(cfg, slow: bool = False) -> tuple[Trainer, list[dict]]:
+    with pytest.MonkeyPatch.context() as mp:
+        if slow:
+            mp.setattr(step_mod, "update", _slow_update)
+        trainer = Trainer(cfg)
+        trainer.fit()
+    return trainer, [m for m in read_lines(trainer.run.run_dir) if m["step"] > 0]
+
+
+def _tags(lines: list[dict]) -> list[int]:
+    """The version that sampled each step's batch (one version per batch: mean == max)."""
+    assert all(m["staleness_mean"] == m["staleness_max"] for m in lines)
+    # policy_version is logged after the step's update: the trained version is one less
+    return [int(m["policy_version"] - 1 - m["staleness_max"]) for m in lines]
+
+
+def _replayed(monkeypatch, model_dir, out, tags: list[int]) -> Trainer:
+    """The reference: on-policy step by step (max_staleness 0, every version pushed), each
+    step's batch sampled by the weights of the version the pipeline recorded for it."""
+    _engine(monkeypatch, lambda model, tok: ReplayEngine(model, tok, tags))
+    trainer, lines = _run(_cfg(model_dir, out))
+    assert [m["staleness_max"] for m in lines] == [s - t for s, t in enumerate(tags)]
+    return trainer
+
+
+def _same_weights(a: Trainer, b: Trainer) -> None:
+    for (n, x), (_, y) in zip(
+        a.model.state_dict().items(), b.model.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), n
+
+
+def test_two_ahead_trains_versions_within_two_and_equals_the_replayed_reference(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """k=2, 6 steps (0-based here; metrics.jsonl logs step s as s + 1), a worker much faster
+    than the trainer: steps 1 and 2 train the batches requested at step 0 (version 0), then step
+    s trains the batch version s-2 sampled as soon as it was requested, during step s-2: sampling
+    versions 0,0,0,1,2,3, staleness 0,1,2,2,2,2, nothing dropped. The weights equal the replayed reference bitwise."""
+    _engine(monkeypatch, WorkerEngine)
+    piped, lines = _run(
+        _cfg(tiny_model_dir, tmp_path / "piped", "rollout.max_staleness=2"), slow=True
+    )
+    assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    tags = _tags(lines)
+    assert tags == [0, 0, 0, 1, 2, 3]
+    assert [m["stale_dropped"] for m in lines] == [0.0] * 6
+    assert all(m["logprob_diff_max"] > 1e-3 for m in lines[1:])  # truly stale log-probs
+    assert lines[0]["logprob_diff_max"] < 1e-4
+    ref = _replayed(monkeypatch, tiny_model_dir, tmp_path / "ref", tags)
+    _same_weights(piped, ref)
+    # and the tags matter: replaying one step from the wrong version ends elsewhere
+    wrong = _replayed(monkeypatch, tiny_model_dir, tmp_path / "wrong", [0, 0, 0, 1, 1, 3])
+    with pytest.raises(AssertionError):
+        _same_weights(piped, wrong)
+
+
+def test_a_batch_beyond_k_is_dropped_counted_and_regenerated_on_current_weights(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """k=2 with rollout.sync_every=2 (pushes after updates 2 and 4 only; steps 0-based): step
+    3's batch was requested at step 1 when the engine still held version 0, so at step 3 it is 3
+    versions behind: dropped (stale_dropped 1, its 8 sequences counted) and sampled again after pushing
+    version 3 (staleness 0). Step 4's batch, requested after the push of version 2, and step
+    5's, requested after the regeneration's push of version 3, are 2 behind: kept. The weights
+    equal the reference that replays versions 0,0,0,3,2,3."""
+    _engine(monkeypatch, WorkerEngine)
+    extra = ("rollout.max_staleness=2", "rollout.sync_every=2")
+    piped, lines = _run(_cfg(tiny_model_dir, tmp_path / "piped", *extra), slow=True)
+    assert [m["stale_dropped"] for m in lines] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    assert [m["stale_dropped_seqs"] for m in lines] == [0.0, 0.0, 0.0, 8.0, 0.0, 0.0]
+    assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 0.0, 2.0, 2.0]
+    assert max(m["staleness_max"] for m in lines) <= 2
+    tags = _tags(lines)
+    assert tags == [0, 0, 0, 3, 2, 3]
+    _same_weights(piped, _replayed(monkeypatch, tiny_model_dir, tmp_path / "ref", tags))
+
+
+def test_two_ahead_resumes_on_the_batches_ahead_and_ends_as_the_uninterrupted_run(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """k=2 through the worker, a checkpoint every step: the one after step 3 holds the batches
+    of steps 4 and 5 (0-based 3 and 4) sampled by versions 1 and 2. A run resumed from it trains
+    them and ends with the weights and metrics of the uninterrupted run."""
+    _engine(monkeypatch, WorkerEngine)
+    extra = ("rollout.max_staleness=2", "train.save_every=1", "train.max_checkpoints=3")
+    extra += ("train.max_steps=5",)
+    full, lines = _run(_cfg(tiny_model_dir, tmp_path / "full", *extra), slow=True)
+    part = tmp_path / "part"
+    shutil.copytree(full.run.run_dir, part)
+    for name in ("checkpoints/step_000004", "checkpoints/step_000005", "final"):
+        shutil.rmtree(part / name)
+    saved = json.loads((part / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
+    ahead = saved["extra"]["lookahead"]["batches"]
+    assert [b["step"] for b in ahead] == [3, 4]
+    assert [{c["policy_version"] for g in b["groups"] for c in g} for b in ahead] == [{1}, {2}]
+    resumed = Trainer(load_config(part / "config.yaml", [f"train.resume={part}"]))
+    resumed.fit()
+    again = [m for m in read_lines(resumed.run.run_dir) if m["step"] > 0]
+    keys = ("reward_mean", "policy_loss", "grad_norm", "staleness_max", "tis_weight_mean")
+    assert [[m[k] for k in keys] for m in again] == [[m[k] for k in keys] for m in lines]
+    _same_weights(full, resumed)
+
+
+def test_colocated_engine_emulates_k_ahead_in_order(tiny_model_dir, tmp_path):
+    """The hf engine generates each batch ahead at its request, in the trainer's thread: with
+    k=3 the lag of a 3-deep pipeline, exactly (staleness 0,1,2,3,3), and nothing dropped."""
+    cfg = tiny_config(
+        tiny_model_dir,
+        tmp_path,
+        *COMMON,
+        "rollout.max_staleness=3",
+        "algo.tis_cap=2",
+        "train.max_steps=5",
+    )
+    trainer = Trainer(cfg)
+    trainer.fit()
+    lines = [m for m in read_lines(trainer.run.run_dir) if m["step"] > 0]
+    assert [m["staleness_max"] for m in lines] == [0.0, 1.0, 2.0, 3.0, 3.0]
+    assert [m["stale_dropped"] for m in lines] == [0.0] * 5
+
+
+def test_the_bound_and_the_refusals_name_the_knob(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match=r"rollout\.max_staleness.*less than or equal to 4"):
+        load_config(None, ["rollout.max_staleness=5"])
+    cfg = load_config(None, ["rollout.max_staleness=3", "env.name=calculator"])
+    assert any("rollout.max_staleness=3 with env.name" in p for p in env_problems(cfg))
