@@ -171,8 +171,19 @@ def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: st
     }
 
 
-def full_logits_gib(tokens: int) -> float:
-    return ROWS * tokens * VOCAB * 4 / 2**30
+MEASURED = ("seconds", "forward_seconds", "cpu_seconds", "peak_rss_mib", "update_added_mib")
+
+
+def median_row(runs: list[dict]) -> dict:
+    """One (side, length) over its repeated runs: the median of each measured figure (a run
+    slowed by other work on the machine moves a median of three less than a mean)."""
+    import statistics
+
+    out = dict(runs[0])
+    for key in MEASURED:
+        out[key] = statistics.median(r[key] for r in runs)
+    out["repeats"] = len(runs)
+    return out
 
 
 def run_one(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: str) -> dict:
@@ -201,7 +212,7 @@ def extrapolate(rows: list[dict], tokens: int) -> dict | None:
     if len(pts) < 2:
         return None
     (x0, a), (x1, b) = pts[-2], pts[-1]
-    out = {"side": a["side"], "tokens": tokens, "rows": a["rows"], "extrapolated": True}
+    out = {"side": a["side"], "tokens": tokens, "rows": a.get("rows", ROWS), "extrapolated": True}
     for key in ("peak_rss_mib", "update_added_mib", "seconds", "cpu_seconds"):
         out[key] = a[key] + (b[key] - a[key]) * (tokens - x0) / (x1 - x0)
     return out
@@ -214,7 +225,7 @@ def render(payload: dict) -> str:
         f"{payload['machine']}; torch {payload['torch']}; {payload['threads']} threads. One update "
         f"of {payload['rows_per_batch']} replies x T tokens (+{PROMPT}-token prompt), "
         f"Qwen2-shaped model '{payload['shape']}' ({_shape_text(payload['shape'])}, vocab {VOCAB}, "
-        "float32, random weights); chunked: "
+        f"float32, random weights); median of {payload.get('repeats', 1)} run(s) each; chunked: "
         f"algo.logprob_chunk_tokens={payload['chunk']}. Peak = the process's VmHWM after a reset "
         "just before the update; 'added' = peak minus RSS before the update. "
         "CPU seconds: user + system time of the update (wall time moves with the load "
@@ -258,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-full-tokens", type=int, default=1024, help="longest T the full sides run")
     p.add_argument("--rows", type=int, default=ROWS, help="replies in the micro-batch")
+    p.add_argument("--repeats", type=int, default=1, help="runs per (side, length): medians")
     p.add_argument("--shape", choices=sorted(SHAPES), default="toy", help="the model's shape")
     p.add_argument("--sides", default=",".join(SIDES), help=f"which of {','.join(SIDES)} to run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -275,13 +287,17 @@ def main(argv: list[str] | None = None) -> int:
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     rows: list[dict] = []
     t0 = time.perf_counter()
-    for tokens in lengths:
-        for side in sides:
-            if side != "chunked" and tokens > args.max_full_tokens:
-                continue
-            r = run_one(side, tokens, args.chunk, args.threads, args.rows, args.shape)
-            print(json.dumps(r), flush=True)
-            rows.append(r)
+    runs: list[dict] = []
+    for _ in range(args.repeats):  # rounds: each side once per length, alternating, per round
+        for tokens in lengths:
+            for side in sides:
+                if side != "chunked" and tokens > args.max_full_tokens:
+                    continue
+                r = run_one(side, tokens, args.chunk, args.threads, args.rows, args.shape)
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+    for key in dict.fromkeys((r["side"], r["tokens"]) for r in runs):
+        rows.append(median_row([r for r in runs if (r["side"], r["tokens"]) == key]))
     for tokens in lengths:
         for side in ("full", "trl"):
             if tokens > args.max_full_tokens:
@@ -316,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         "rows_per_batch": args.rows,
         "load": load,
         "rows": rows,
+        "runs": runs,
+        "repeats": args.repeats,
         "slopes_mib_per_1k": {
             s: slope_mib_per_1k([r for r in rows if r["side"] == s]) for s in SIDES
         },

@@ -47,3 +47,18 @@ def test_trl_path_gives_the_log_softmax_of_the_completion_tokens():
     want = torch.log_softmax(torch.nn.functional.one_hot(ids[:, 1:3], 5).float() * 4.0, -1)
     assert torch.allclose(logps, want.gather(-1, comp[..., None])[..., 0])
     assert torch.allclose(ents, -(want.exp() * want).sum(-1))
+
+
+def test_repeated_runs_become_their_medians():
+    from benchmarks.studies.logprob_chunks import median_row
+
+    runs = [
+        _row(512, 100, 900, 30, forward_seconds=10),
+        _row(512, 300, 700, 10, forward_seconds=30),
+        _row(512, 200, 800, 20, forward_seconds=20),
+    ]
+    out = median_row(runs)
+    # each figure's own median: added 200, peak 800, seconds 20, CPU seconds 2 x 20 = 40
+    assert (out["update_added_mib"], out["peak_rss_mib"], out["seconds"]) == (200, 800, 20)
+    assert out["cpu_seconds"] == 40 and out["forward_seconds"] == 20
+    assert out["repeats"] == 3 and out["side"] == "full" and out["tokens"] == 512
