@@ -19,6 +19,17 @@ from rlvr.config.base import Section
 BUILTIN_ENVS = ("calculator", "python", "guess_number")
 OPENENV = "openenv"
 
+# What a built-in task turns on when the config does not give env.name (docs/environments.md,
+# "The calc_tool task"): the calculator, shown by one worked example, and episode limits that
+# fit a call, its result and an answer. A config that gives env.name (even null: the same
+# problems single-turn) gets none of these; keys the config gives win.
+TASK_DEFAULTS: dict[str, dict[str, dict[str, Any]]] = {
+    "calc_tool": {
+        "env": {"name": "calculator", "kwargs": {"instructions": False, "few_shot": 1}},
+        "rollout": {"max_turns": 3, "max_new_tokens": 32, "max_episode_tokens": 96},
+    }
+}
+
 
 class EnvConfig(Section):
     name: str | None = Field(
@@ -51,6 +62,36 @@ class EnvConfig(Section):
         description="An observation longer than this marks its episode failed (a tool that "
         "floods the context).",
     )
+
+
+def with_task_defaults(data: Any) -> Any:
+    """The raw config mapping ``data`` (before validation) with its task's ``TASK_DEFAULTS``
+    filled in where it gives neither env.name nor the key itself."""
+    if not isinstance(data, dict):
+        return data
+    task = _given(data.get("data")).get("task")
+    defaults = TASK_DEFAULTS.get(task) if isinstance(task, str) else None
+    if defaults is None or "name" in _given(data.get("env")):
+        return data
+    out = dict(data)
+    for section, values in defaults.items():
+        out[section] = _merged(values, _given(out.get(section)))
+    return out
+
+
+def _given(section: Any) -> dict:
+    """A section's keys as given: a mapping, or a section object's explicitly set fields."""
+    if isinstance(section, Section):
+        return section.model_dump(exclude_unset=True)
+    return section if isinstance(section, dict) else {}
+
+
+def _merged(defaults: dict, given: dict) -> dict:
+    out = dict(defaults)
+    for key, value in given.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
 
 
 def env_problems(cfg) -> list[str]:

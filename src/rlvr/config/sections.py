@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlvr.config import validate
 from rlvr.config.algo import AlgoConfig
 from rlvr.config.base import ConfigError, Section
-from rlvr.config.env import EnvConfig
+from rlvr.config.env import EnvConfig, with_task_defaults
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
 from rlvr.config.lora import LoraConfig
@@ -68,8 +68,10 @@ class DataConfig(Section):
     task: str = Field(
         "arithmetic",
         description="Built-in task ('arithmetic', 'countdown', 'shapes': images, needs a "
-        "vision-language model), a reasoning-gym task 'reasoning_gym:<name>' (the extra "
-        "rlvr[reasoning-gym]) or 'file' to read train_path/eval_path.",
+        "vision-language model; 'calc_tool': multi-digit products for the calculator tool, "
+        "turns on env.name=calculator unless env.name is given), a reasoning-gym task "
+        "'reasoning_gym:<name>' (the extra rlvr[reasoning-gym]) or 'file' to read "
+        "train_path/eval_path.",
     )
     task_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -263,6 +265,13 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data: Any) -> Any:
+        """A built-in task's episode settings (data.task=calc_tool: the calculator), unless the
+        config gives env.name (rlvr.config.env.TASK_DEFAULTS)."""
+        return with_task_defaults(data)
 
     # ------------------------------------------------------------------ derived values
     def completion_tokens(self) -> int:

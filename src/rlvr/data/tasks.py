@@ -16,6 +16,14 @@ from rlvr.data.tasks_shapes import shapes_rows
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
+def _check_ops(ops: list[str]) -> None:
+    for op in ops:
+        if op not in _OPS:
+            raise ValueError(
+                f"data.task_kwargs.ops: unknown operator {op!r}; known: {sorted(_OPS)}"
+            )
+
+
 def arithmetic_rows(
     *,
     num_train: int,
@@ -31,11 +39,7 @@ def arithmetic_rows(
     repetition if needed) from the remaining problems only.
     """
     ops = ops or ["+", "*"]
-    for op in ops:
-        if op not in _OPS:
-            raise ValueError(
-                f"data.task_kwargs.ops: unknown operator {op!r}; known: {sorted(_OPS)}"
-            )
+    _check_ops(ops)
     if digits < 1:
         raise ValueError(f"data.task_kwargs.digits={digits}: must be >= 1")
     lo = 0 if digits == 1 else 10 ** (digits - 1)
@@ -123,12 +127,67 @@ def countdown_rows(
     return rows[num_eval:], rows[:num_eval]
 
 
+def calc_tool_rows(
+    *,
+    num_train: int,
+    num_eval: int,
+    seed: int = 0,
+    ops: list[str] | None = None,
+    digits: int = 3,
+    digits_b: int = 2,
+    question: str = "What is {a} {op} {b}?",
+) -> tuple[list[dict], list[dict]]:
+    """Multi-digit problems ``a op b`` (``a`` of ``digits`` digits, ``b`` of ``digits_b``) for
+    the calculator tool (``env.name=calculator``, docs/environments.md): products a small model
+    gets wrong alone but can copy from ``<result>`` once it calls the tool.
+
+    The problems are drawn at random (the space of 3 x 2-digit products is large): the held-out
+    split takes the first ``num_eval`` distinct ones, the train split only problems outside it.
+    """
+    ops = ops or ["*"]
+    _check_ops(ops)
+    for name, value in (("digits", digits), ("digits_b", digits_b)):
+        if not 1 <= value <= 9:
+            raise ValueError(f"data.task_kwargs.{name}={value}: must be in 1..9")
+    size = len(ops) * 9 * 10 ** (digits - 1) * 9 * 10 ** (digits_b - 1)
+    if num_eval >= size // 2:
+        raise ValueError(
+            f"data.num_eval={num_eval}: the task has only {size} distinct problems; "
+            "take fewer held-out rows or more digits"
+        )
+    rng = random.Random(seed)
+
+    def draw() -> tuple[int, str, int]:
+        a = rng.randint(10 ** (digits - 1), 10**digits - 1)
+        b = rng.randint(10 ** (digits_b - 1), 10**digits_b - 1)
+        return a, rng.choice(ops), b
+
+    held: dict[tuple, None] = {}  # insertion-ordered set
+    while len(held) < num_eval:
+        held[draw()] = None
+    train = []
+    while len(train) < num_train:
+        p = draw()
+        if p not in held:
+            train.append(p)
+
+    def row(a: int, op: str, b: int) -> dict:
+        return {"prompt": question.format(a=a, op=op, b=b), "answer": str(_OPS[op](a, b))}
+
+    return [row(*p) for p in train], [row(*p) for p in held]
+
+
 def _shapes_rows(**kwargs) -> tuple[list[dict], list[dict]]:
 
     return shapes_rows(**kwargs)
 
 
-TASKS = {"arithmetic": arithmetic_rows, "countdown": countdown_rows, "shapes": _shapes_rows}
+TASKS = {
+    "arithmetic": arithmetic_rows,
+    "countdown": countdown_rows,
+    "shapes": _shapes_rows,
+    "calc_tool": calc_tool_rows,
+}
 
 
 def task_rows(
@@ -146,7 +205,12 @@ def task_rows(
         raise ValueError(f"data.task_kwargs for task {name!r}: {exc}") from None
 
 
-DEFAULT_REWARD = {"arithmetic": "math", "countdown": "countdown", "shapes": "math"}
+DEFAULT_REWARD = {
+    "arithmetic": "math",
+    "countdown": "countdown",
+    "shapes": "math",
+    "calc_tool": "math",
+}
 
 
 def default_reward(task: str) -> str:

@@ -14,6 +14,7 @@ from rlvr.data.rows import reward_specs
 from rlvr.eval.evaluator import evaluate_sets
 from rlvr.eval.provenance import provenance
 from rlvr.rollout.builder import build_engine, hf_engine
+from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.rollout.hf import HFEngine
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -81,7 +82,9 @@ def _sharded(module: torch.nn.Module) -> bool:
 def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=None):
     """`evaluate_sets` with the run config's template, token limit, stop strings, seed and eval
     batch size, recording the provenance: both evaluators call this, so they cannot differ.
-    ``processor``: a vision-language model's, for sets whose rows carry images."""
+    ``processor``: a vision-language model's, for sets whose rows carry images. With env.name
+    set, episodes over the environment with training's limits (eval.max_new_tokens, when set,
+    bounds each model turn)."""
 
     max_new_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     batch_size = eval_batch_size(cfg)
@@ -104,4 +107,5 @@ def evaluate_config_sets(engine, tokenizer, sets: list, rewards, cfg, processor=
             grader=[s.name for s in reward_specs(cfg)],
         ),
         processor=processor,
+        episodes=EpisodeRunner.from_config(cfg, tokenizer),
     )

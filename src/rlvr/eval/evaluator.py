@@ -6,6 +6,10 @@ filter-difficulty` and the in-training evaluator all call `generate_records()` (
 `evaluate_sets()` / `evaluate()`), and both evaluators write their results with `eval_payload()`,
 so their files can be compared record for record.
 
+With ``env.name`` set the records are episodes (``rlvr.rollout.episodes``, the runner training
+uses, with the same limits): the reward specs grade each episode's last model turn, as in
+training, and the scores come with the tool-call rate and turns (``reply_stats.episode_stats``).
+
 Records do not depend on how prompts are batched: prompts go to the engine in chunks of
 ``batch_size``, greedy decoding is batch-invariant (tests/rollout), and sampling modes seed each
 prompt by its index (``SamplingParams.prompt_seeds``) where the engine supports it (hf).
@@ -20,11 +24,12 @@ from pathlib import Path
 from rlvr.config.eval import EvalModeConfig
 from rlvr.data.multimodal import render_inputs
 from rlvr.eval.metrics import summarize
-from rlvr.eval.reply_stats import reply_stats
+from rlvr.eval.reply_stats import episode_stats, reply_stats
 from rlvr.jsonio import atomic_write_text
 from rlvr.rewards.math import extract_answer
 from rlvr.rewards.runner import RewardRunner
-from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.episodes import EpisodeRunner, episode_scores
 
 
 def sampling_params(
@@ -95,45 +100,109 @@ def generate_records(
     batch_size: int = 0,
     repeats: int = 1,
     processor=None,
+    episodes: EpisodeRunner | None = None,
 ) -> list[dict]:
     """Per-problem records: prompt, reference, responses, extracted answers, correctness, scores,
-    finish reasons and reply lengths in tokens. Rows with images need a VLM's ``processor``."""
-    texts, ids, vision = render_inputs(rows, template, tokenizer, system_prompt, processor)
-    groups = generate_batched(
-        engine, ids, params, batch_size=batch_size, repeats=repeats, vision=vision
-    )
+    finish reasons and reply lengths in tokens. Rows with images need a VLM's ``processor``.
+
+    ``episodes`` (env.name set): each response is an episode, its text every turn; the answer
+    and the grade come from its last model turn (or the environment's reward, where it gives
+    it), lengths count the model's tokens, and each record adds turns and tool calls."""
+    if episodes is None:
+        texts, ids, vision = render_inputs(rows, template, tokenizer, system_prompt, processor)
+        groups = generate_batched(
+            engine, ids, params, batch_size=batch_size, repeats=repeats, vision=vision
+        )
+    else:
+        texts, groups = play_batched(
+            episodes, engine, rows, params, batch_size=batch_size, repeats=repeats
+        )
     flat_rows = [r for r, g in zip(rows, groups, strict=True) for _ in g]
     comps = [c for g in groups for c in g]
     scored = rewards.score_batch(
         [t for t, g in zip(texts, groups, strict=True) for _ in g],
-        [c.text for c in comps],
+        [c.response for c in comps],  # an episode's last model turn
         [r["answer"] for r in flat_rows],
         flat_rows,
         [c.truncated for c in comps],
     )
+    all_scores, all_valid = episode_scores(comps, scored.scores, scored.valid)
     records, k = [], 0
     for row, g in zip(rows, groups, strict=True):
         n = len(g)
         infos = scored.infos[k : k + n]
-        scores = scored.scores[k : k + n]
-        records.append(
-            {
-                "source": row.get("_source"),
-                "prompt": row["prompt"],
-                "reference": row["answer"],
-                "responses": [c.text for c in g],
-                "answers": [extract_answer(c.text)[0] for c in g],
-                "correct": [
-                    bool(i.get("correct", s >= 1.0)) and ok
-                    for i, s, ok in zip(infos, scores, scored.valid[k : k + n], strict=True)
-                ],
-                "scores": [float(s) for s in scores],
-                "finish_reasons": [c.finish_reason for c in g],
-                "lengths": [len(c.token_ids) for c in g],
-            }
-        )
+        scores, valid = all_scores[k : k + n], all_valid[k : k + n]
+        record = {
+            "source": row.get("_source"),
+            "prompt": row["prompt"],
+            "reference": row["answer"],
+            "responses": [c.text for c in g],
+            "answers": [extract_answer(c.response)[0] for c in g],
+            "correct": [
+                _correct(c, i, s) and ok
+                for c, i, s, ok in zip(g, infos, scores, valid, strict=True)
+            ],
+            "scores": [float(s) for s in scores],
+            "finish_reasons": [c.finish_reason for c in g],
+            "lengths": [c.model_token_count for c in g],
+        }
+        if episodes is not None:
+            record.update(_episode_fields(g))
+        records.append(record)
         k += n
     return records
+
+
+def _correct(c: Completion, info: dict, score: float) -> bool:
+    """The reward specs' verdict on the reply; an environment that scores its episode: its
+    reward >= 1."""
+    ep = c.episode
+    if ep is not None and (
+        ep.gives_reward or (ep.gives_reward is None and ep.env_reward is not None)
+    ):
+        return score >= 1.0
+    return bool(info.get("correct", score >= 1.0))
+
+
+def _episode_fields(group: list[Completion]) -> dict:
+    eps = [c.episode for c in group]
+    return {
+        "turns": [e.turns for e in eps],
+        "tool_calls": [e.tool_calls for e in eps],
+        "tool_failures": [e.tool_failures for e in eps],
+        "env_failed": [e.failed for e in eps],
+    }
+
+
+def play_batched(
+    episodes: EpisodeRunner,
+    engine,
+    rows: list[dict],
+    params: SamplingParams,
+    *,
+    batch_size: int = 0,
+    repeats: int = 1,
+) -> tuple[list[str], list[list[Completion]]]:
+    """``params.n`` episodes of each row, ``batch_size`` rows at a time (0: all at once), each
+    row played ``repeats`` times (nondet_proxy) and its episodes regrouped: (prompt texts,
+    groups). ``params.prompt_seeds`` (one per row) are sliced along with the chunks."""
+    flat = [r for r in rows for _ in range(repeats)]
+    seeds = params.prompt_seeds
+    if seeds is not None and repeats != 1:
+        raise ValueError("prompt_seeds with repeated requests: seed each request instead")
+    step = batch_size or len(flat) or 1
+    texts: list[str] = []
+    groups: list[list[Completion]] = []
+    for start in range(0, len(flat), step):
+        chunk = (
+            params if seeds is None else replace(params, prompt_seeds=seeds[start : start + step])
+        )
+        t, _, g = episodes.run(engine, flat[start : start + step], chunk)
+        texts += t
+        groups += g
+    return [texts[i * repeats] for i in range(len(rows))], [
+        [c for g in groups[i * repeats : (i + 1) * repeats] for c in g] for i in range(len(rows))
+    ]
 
 
 def evaluate(
@@ -150,8 +219,10 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 0,
     processor=None,
+    episodes: EpisodeRunner | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Run one mode over ``rows``; returns (named scores with reply stats, per-problem records)."""
+    """Run one mode over ``rows``; returns (named scores with reply stats, per-problem records);
+    with ``episodes``, the scores of episodes with their tool calls (`generate_records`)."""
     params = sampling_params(mode, max_new_tokens, stop, seed, num_prompts=len(rows))
     records = generate_records(
         engine,
@@ -164,9 +235,13 @@ def evaluate(
         batch_size=batch_size,
         repeats=mode.repeats,
         processor=processor,
+        episodes=episodes,
     )
     scores = summarize(records, mode.kind, k=None if mode.kind == "greedy" else mode.samples)
-    return {**scores, **reply_stats(records, mode.kind)}, records
+    stats = reply_stats(records, mode.kind)
+    if episodes is not None:
+        stats.update(episode_stats(records, mode.kind))
+    return {**scores, **stats}, records
 
 
 @dataclass(frozen=True)
@@ -223,6 +298,7 @@ def evaluate_sets(
     batch_size: int = 0,
     provenance: dict | None = None,
     processor=None,
+    episodes: EpisodeRunner | None = None,
 ) -> EvalOutcome:
     """Every mode of every set through `evaluate()`; the one entry point of both evaluators.
 
@@ -247,6 +323,7 @@ def evaluate_sets(
                 seed=seed,
                 batch_size=batch_size,
                 processor=processor,
+                episodes=episodes,
             )
     finally:
         for runner in own.values():

@@ -25,6 +25,7 @@ FIELDS = (
     "batch_size",
     "max_new_tokens",
     "template",
+    "env",
     "grader",
     "rlvr",
     "torch",
@@ -95,6 +96,7 @@ def provenance(engine, *, cfg, batch_size: int, max_new_tokens: int, grader: lis
         "batch_size": int(batch_size),
         "max_new_tokens": int(max_new_tokens),
         "template": cfg.data.template,
+        "env": cfg.env.name,  # episodes over this environment; None: single replies
         "grader": list(grader),
         **{pkg: package_version(pkg) for pkg in ("rlvr", "torch", "transformers", "vllm")},
         **device_record(device),

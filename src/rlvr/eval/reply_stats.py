@@ -30,3 +30,24 @@ def reply_stats(records: Sequence[Mapping], mode: str) -> dict[str, float]:
         f"{mode}/{TRUNCATED}": sum(r == "length" for r in reasons) / len(reasons),
         f"{mode}/{MEAN_LEN}": sum(lengths) / len(lengths),
     }
+
+
+def episode_stats(records: Sequence[Mapping], mode: str) -> dict[str, float]:
+    """Over every episode of ``records`` (env.name set): ``<mode>/tool_call_rate`` (share of
+    episodes with at least one tool call), ``<mode>/tool_calls_mean``, ``<mode>/turns_mean``
+    (model turns) and ``<mode>/env_failure_rate``. Records need "turns", "tool_calls" and
+    "env_failed" (as `generate_records` writes them for episodes)."""
+    calls = [n for record in records for n in record["tool_calls"]]
+    turns = [n for record in records for n in record["turns"]]
+    failed = [bool(f) for record in records for f in record["env_failed"]]
+    if not calls or not len(calls) == len(turns) == len(failed):
+        raise ValueError(
+            f"episode_stats: {len(calls)} tool-call counts, {len(turns)} turn counts and "
+            f"{len(failed)} failure marks; need one of each per episode"
+        )
+    return {
+        f"{mode}/tool_call_rate": sum(n > 0 for n in calls) / len(calls),
+        f"{mode}/tool_calls_mean": sum(calls) / len(calls),
+        f"{mode}/turns_mean": sum(turns) / len(turns),
+        f"{mode}/env_failure_rate": sum(failed) / len(failed),
+    }
