@@ -76,6 +76,10 @@ def test_reward_stuck_at_zero_stops_the_run_with_exit_code_3(
     assert (status["state"], status["rule"]) == ("stopped_by_health", "reward_stuck")
     assert not (run / "final").exists()
     assert "stopped by the health gate: rule 'reward_stuck' at step 2" in proc.stderr
+    # the work up to the stop is kept: a complete checkpoint of step 2, named in the status
+    assert (run / "checkpoints" / "step_000002" / "COMPLETE").exists()
+    assert status["checkpoint"].startswith("checkpoint of step 2: ")
+    assert "kept: checkpoint of step 2" in proc.stderr
 
 
 @pytest.fixture(scope="module")

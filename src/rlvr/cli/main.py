@@ -72,7 +72,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(
                 f"\n[rlvr] stopped by the health gate: rule {ev.rule!r} at step {ev.step}\n"
-                f"  values: {ev.values}\n  advice: {ev.advice}",
+                f"  values: {ev.values}\n  advice: {ev.advice}\n"
+                f"  kept: {stop.checkpoint} (`rlvr train --resume RUN_DIR` "
+                "continues from it, `rlvr eval` reads it)",
                 file=sys.stderr,
             )
         return 3

@@ -80,6 +80,7 @@ class HealthStop(Exception):
 
     def __init__(self, event: HealthEvent) -> None:
         self.event = event
+        self.checkpoint = "nothing"  # the trainer's line on what it kept (a checkpoint)
         super().__init__(
             f"health gate stopped the run at step {event.step}: rule {event.rule!r} "
             f"({_format_values(event.values)}). {event.advice}"

@@ -180,7 +180,17 @@ def save_on_stop(
         )
     if stop.abandoned:
         stops.rewind(state)  # the abandoned rollout drew prompts and random numbers
-    if state.step == 0 or evaluator is None:
+    if evaluator is None:
+        return "no checkpoint needed: no step had finished"
+    return checkpoint_last_step(run, state, step, evaluator)
+
+
+def checkpoint_last_step(
+    run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator
+) -> str:
+    """A complete checkpoint of the last finished step (written unless the newest is already
+    that step's), so a run that stops early keeps its work; the line that says where."""
+    if state.step == 0:
         return "no checkpoint needed: no step had finished"
     latest = latest_checkpoint(run.run_dir)
     if latest is None or latest.step != state.step:

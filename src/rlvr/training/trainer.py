@@ -32,6 +32,7 @@ from rlvr.telemetry.samples import write_samples
 from rlvr.telemetry.sinks import MetricsLogger, read_metrics
 from rlvr.telemetry.spikes import SpikeLog
 from rlvr.training.loop import (
+    checkpoint_last_step,
     fmt_eval,
     health_gate,
     interrupt_note,
@@ -230,7 +231,11 @@ class Trainer:
                 print_summary(summary)
             return summary
         except HealthStop as stop:
-            write_status(run_dir, "stopped_by_health", rule=stop.event.rule)
+            # the gate judged the run, not its weights: the work up to the stop is kept (a run
+            # that solved its task stops on reward_stuck_high), as a checkpoint, not as `final`
+            note = checkpoint_last_step(run, state, self.step_fn, evaluator)
+            write_status(run_dir, "stopped_by_health", rule=stop.event.rule, checkpoint=note)
+            stop.checkpoint = note
             raise
         except Preempted as stop:
             note = save_on_stop(run, state, self.step_fn, evaluator, stop, stops)
