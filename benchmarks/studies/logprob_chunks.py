@@ -343,8 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.shape == "toy" else f"-{args.shape}"
     stem = args.out / f"{payload['date']}-logprob-chunks{suffix}"
-    stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
-    stem.with_suffix(".md").write_text(render(payload))
+    # the stem may hold dots (qwen2.5-0.5b): append, never with_suffix
+    stem.parent.joinpath(stem.name + ".json").write_text(json.dumps(payload, indent=2) + "\n")
+    stem.parent.joinpath(stem.name + ".md").write_text(render(payload))
     print(render(payload))
     return 0
 
