@@ -126,11 +126,17 @@ def test_repeated_nonfinite_steps_trip_the_health_gate(
     run_dir = trainer.run.run_dir
     health = read_health(run_dir)
     assert health["status"] == "stopped" and health["stopped_by"]["rule"] == "nonfinite"
-    assert read_status(run_dir) | {"time": 0} == {
+    status = read_status(run_dir)
+    # the run's work is kept as a checkpoint of its last step (never a non-finite update: steps
+    # 2-4 were skipped), not as a final model
+    ckpt = run_dir / "checkpoints" / "step_000004"
+    assert status | {"time": 0} == {
         "state": "stopped_by_health",
         "rule": "nonfinite",
+        "checkpoint": f"checkpoint of step 4: {ckpt}",
         "time": 0,
     }
+    assert (ckpt / "COMPLETE").exists() and not (run_dir / "final").exists()
     assert [m["step"] for m in step_metrics(run_dir)] == [1, 2, 3, 4]
     assert all(steps.unchanged(s) for s in (2, 3, 4))
     add("numerical_faults", faults_injected=3, updates_skipped=3, health_stops=1)
