@@ -131,16 +131,9 @@ def gspo_token_loss(
     ``advantages`` ``[N]`` or ``[N, T]`` constants; ``is_weights`` optional ``[N, T]`` constants
     multiplying each token's term (rollout correction). Stats as `gspo_loss`.
     """
-    require_tensor("advantages", advantages)
-    adv_flat = advantages if advantages.dim() != 2 else advantages[:, 0]
-    m = _check_inputs(
-        logp, old_logp, adv_flat, mask, clip_low, clip_high, denominator, allow_low_one=False
+    m, adv = _token_advantages(
+        logp, old_logp, advantages, mask, clip_low, clip_high, denominator, allow_low_one=False
     )
-    if advantages.dim() == 2:
-        require_same_shape(logp=logp, advantages=advantages)
-        adv = advantages
-    else:
-        adv = advantages[:, None].expand_as(logp)
     zeros = torch.zeros_like(logp)
     lp = torch.where(m, logp, zeros)
     n_tok = m.sum(-1)
@@ -189,16 +182,9 @@ def cispo_loss(
     multiply each token's term (truncated importance sampling). Stats: ``cispo_weight_mean/min/max``
     of the clipped weights and ``cispo_clip_frac`` (share of tokens whose ratio was clipped).
     """
-    require_tensor("advantages", advantages)
-    adv_flat = advantages if advantages.dim() != 2 else advantages[:, 0]
-    m = _check_inputs(
-        logp, old_logp, adv_flat, mask, clip_low, clip_high, denominator, allow_low_one=True
+    m, adv = _token_advantages(
+        logp, old_logp, advantages, mask, clip_low, clip_high, denominator, allow_low_one=True
     )
-    if advantages.dim() == 2:
-        require_same_shape(logp=logp, advantages=advantages)
-        adv = advantages
-    else:
-        adv = advantages[:, None].expand_as(logp)
     zeros = torch.zeros_like(logp)
     lp = torch.where(m, logp, zeros)
     with torch.no_grad():
@@ -218,3 +204,26 @@ def cispo_loss(
         values = torch.stack([ws.mean(), ws.min(), ws.max(), frac]).tolist()
     keys = ("cispo_weight_mean", "cispo_weight_min", "cispo_weight_max", "cispo_clip_frac")
     return loss, dict(zip(keys, values, strict=True))
+
+
+def _token_advantages(
+    logp, old_logp, advantages, mask, clip_low, clip_high, denominator, *, allow_low_one: bool
+) -> tuple[Tensor, Tensor]:
+    """The checked mask and ``[N, T]`` advantages of a token-level loss: ``advantages`` given
+    per token (``[N, T]``) or per sequence (``[N]``, spread over its tokens)."""
+    require_tensor("advantages", advantages)
+    adv_flat = advantages if advantages.dim() != 2 else advantages[:, 0]
+    m = _check_inputs(
+        logp,
+        old_logp,
+        adv_flat,
+        mask,
+        clip_low,
+        clip_high,
+        denominator,
+        allow_low_one=allow_low_one,
+    )
+    if advantages.dim() == 2:
+        require_same_shape(logp=logp, advantages=advantages)
+        return m, advantages
+    return m, advantages[:, None].expand_as(logp)
