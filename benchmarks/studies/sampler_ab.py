@@ -40,8 +40,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_one(spec: dict) -> list[dict]:
-    """Train one arm and seed until the target is reached or ``spec['steps']`` run out; one
-    record per step (in this process: the ``--run`` worker)."""
+    """Train one arm and seed until the target is reached or ``spec['steps']`` run out (or, with
+    ``spec['stop_at_target']`` false, for all ``spec['steps']``); one record per step (in this
+    process: the ``--run`` worker). The arm is ``spec['overrides']``, config overrides on top of
+    the workload's; ``spec['metrics']`` names step metrics to keep beside the reward."""
     import torch
 
     from benchmarks.harness.worker_rlvr import config_overrides
@@ -49,10 +51,11 @@ def run_one(spec: dict) -> list[dict]:
     from rlvr.training.trainer import Trainer
 
     torch.set_num_threads(spec["threads"])
-    overrides = [*config_overrides(spec), f"rollout.hf_decoder={spec['arm']}", "train.save_every=0"]
+    overrides = [*config_overrides(spec), *spec["overrides"], "train.save_every=0"]
     trainer = Trainer(load_config(None, overrides), run_dir=Path(spec["work_dir"]))
     records: list[dict] = []
     inner = trainer.train_step
+    stop = spec.get("stop_at_target", True)
 
     class Reached(Exception):
         pass
@@ -66,9 +69,10 @@ def run_one(spec: dict) -> list[dict]:
                 "reward_mean": m["reward_mean"],
                 "reply_len": sum(len(c.token_ids) for c in comps) / len(comps),
                 "wall_s": m["time_step"],
+                **{k: m[k] for k in spec.get("metrics", ()) if k in m},
             }
         )
-        if time_to_target(records, spec["target"], spec["window"]) is not None:
+        if stop and time_to_target(records, spec["target"], spec["window"]) is not None:
             raise Reached
         return m
 
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         d.mkdir()
         spec = {
             **w.worker_spec(model_dir, seed=seed, threads=args.threads, steps=w.steps),
-            "arm": arm, "engine": "hf", "target": w.target_reward, "window": w.target_window,
+            "overrides": [f"rollout.hf_decoder={arm}"], "engine": "hf", "target": w.target_reward, "window": w.target_window,
             "work_dir": str(d / "run"), "records": str(d / "records.json"),
         }  # fmt: skip
         (d / "spec.json").write_text(json.dumps(spec))

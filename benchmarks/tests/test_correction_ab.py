@@ -1,0 +1,70 @@
+"""The rollout-correction study's figures, worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.studies.correction_ab import main, run_summary, summarize
+
+
+def _records(rewards, gap=0.01, masked=None):
+    out = []
+    for i, r in enumerate(rewards):
+        rec = {"step": i + 1, "reward_mean": r, "reply_len": 10.0, "wall_s": 2.0 + i,
+               "logprob_diff_mean": gap * (i + 1), "logprob_diff_max": 0.1 * (i + 1)}  # fmt: skip
+        if masked is not None:
+            rec["tis_masked_frac"] = masked[i]
+        out.append(rec)
+    return out
+
+
+def test_run_summary_reads_target_final_reward_and_gap():
+    recs = _records([0.5, 0.9, 0.9, 0.9, 1.0, 0.8, 0.7], masked=[0, 0, 0.5, 0, 0, 0, 0.25])
+    s = run_summary(recs, target=0.9, window=3)
+    # trailing 3-step means: -, -, 0.767, 0.9 -> step 4; seconds 2 + 3 + 4 + 5
+    assert s["steps_to_target"] == 4
+    assert s["seconds_to_target"] == pytest.approx(14.0)
+    # the last 5 steps: 0.9, 0.9, 1.0, 0.8, 0.7
+    assert s["final_reward"] == pytest.approx(0.86)
+    # gap per step 0.01 .. 0.07: mean 0.04; largest max 0.7
+    assert s["logprob_diff_mean"] == pytest.approx(0.04)
+    assert s["logprob_diff_max"] == pytest.approx(0.7)
+    assert s["tis_masked_frac"] == pytest.approx(0.75 / 7)
+    assert s["tis_truncated_frac"] is None  # an arm without the statistic says so
+    assert s["step_time_median_s"] == pytest.approx(5.0)
+
+
+def test_summarize_pairs_arms_by_seed_and_counts_misses_as_more():
+    runs = {
+        "off": {"0": _records([1, 1, 1]), "1": _records([0, 1, 1, 1]), "2": _records([0, 0, 0])},
+        "token-truncate": {
+            "0": _records([0, 1, 1, 1]),
+            "1": _records([1, 1, 1]),
+            "2": _records([0, 1, 1, 1]),
+        },  # fmt: skip
+        "sequence-mask": {"0": _records([1, 1, 1]), "1": _records([0, 1, 1, 1])},
+    }
+    s = summarize(runs, 0.9, 3)
+    assert s["seeds"] == [0, 1]  # seed 2 lacks sequence-mask
+    assert [r["steps_to_target"] for r in s["runs"]["off"]] == [3, 4]
+    assert [r["steps_to_target"] for r in s["runs"]["token-truncate"]] == [4, 3]
+    assert s["vs_off"]["token-truncate"] == {"fewer": 1, "equal": 0, "more": 1, "p": 1.0}
+    assert s["vs_off"]["sequence-mask"]["equal"] == 2
+    assert s["median"]["off"]["steps_to_target"] == 3.5
+    assert "off" not in s["vs_off"]
+
+    # with seed 2 for every arm, off's miss counts as more steps than token-truncate's 4
+    runs["sequence-mask"]["2"] = _records([0, 0, 0])
+    s = summarize(runs, 0.9, 3)
+    assert s["seeds"] == [0, 1, 2]
+    assert s["median"]["off"]["missed"] == 1
+    assert s["median"]["off"]["steps_to_target"] == 3.5  # over the runs that got there
+    assert s["vs_off"]["token-truncate"]["fewer"] == 2
+    assert s["vs_off"]["sequence-mask"]["equal"] == 3  # two misses are a tie
+
+
+def test_unknown_arm_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--arms", "off,token-mask"])
+    assert e.value.code == 2
+    assert "unknown token-mask" in capsys.readouterr().err
