@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
-from rlvr.algorithms import aggregate, kl_estimate, policy_loss
+from rlvr.algorithms import aggregate, kl_estimate, policy_loss, ratio_stats
 from rlvr.model.forward import SequenceBatch, policy_outputs
 from rlvr.objectives.micro_batches import length_micro_batches
 
@@ -187,6 +187,16 @@ class Objective:
             is_weights=mb.tok.get("tis_weights"),
         )
         return loss, dict(stats)
+
+
+def ratio_diagnostics(mb: MicroBatch, log_ratio_clamp: float) -> dict[str, float]:
+    """The token-ratio statistics every objective logs, without PPO's clip fractions: for an
+    objective that clips otherwise (GSPO's sequence ratio, CISPO's weight) they would describe a
+    clip it does not apply; its own clip fraction is in its loss's statistics."""
+    tok = ratio_stats(mb.logp, mb.old_logp, mb.advantages, mb.mask, log_ratio_clamp=log_ratio_clamp)
+    for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac"):
+        tok.pop(k)
+    return tok
 
 
 def build_objective(cfg: Config, tokenizer=None) -> Objective:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.algorithms import cispo_loss, ratio_stats
-from rlvr.objectives.base import register
+from rlvr.algorithms import cispo_loss
+from rlvr.objectives.base import ratio_diagnostics, register
 from rlvr.objectives.batch import MicroBatch, MinibatchCounts
 from rlvr.objectives.group import GroupObjective
 
@@ -56,11 +56,4 @@ class CISPO(GroupObjective):
             denominator=max(1, counts.tokens),
             is_weights=mb.tok.get("tis_weights"),
         )
-        # the ratio diagnostics the other objectives log (their clip fractions describe PPO's
-        # clip; cispo_clip_frac is CISPO's)
-        tok = ratio_stats(
-            mb.logp, mb.old_logp, mb.advantages, mb.mask, log_ratio_clamp=a.log_ratio_clamp
-        )
-        for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac"):
-            tok.pop(k)
-        return loss, {**tok, **stats}
+        return loss, {**ratio_diagnostics(mb, a.log_ratio_clamp), **stats}

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.algorithms import gspo_loss, ratio_stats
-from rlvr.objectives.base import register
+from rlvr.algorithms import gspo_loss
+from rlvr.objectives.base import ratio_diagnostics, register
 from rlvr.objectives.batch import MicroBatch, MinibatchCounts
 from rlvr.objectives.group import GroupObjective
 
@@ -58,11 +58,4 @@ class GSPO(GroupObjective):
             a.clip_high,
             denominator=max(1, counts.sequences),
         )
-        # token-level ratio diagnostics as the other objectives log them (their clip fractions
-        # refer to a token clip and are left out: seq_clip_frac is GSPO's)
-        tok = ratio_stats(
-            mb.logp, mb.old_logp, mb.advantages, mb.mask, log_ratio_clamp=a.log_ratio_clamp
-        )
-        for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac"):
-            tok.pop(k)
-        return loss, {**tok, **stats}
+        return loss, {**ratio_diagnostics(mb, a.log_ratio_clamp), **stats}

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.algorithms import gspo_token_loss, ratio_stats
-from rlvr.objectives.base import OBJECTIVES, register
+from rlvr.algorithms import gspo_token_loss
+from rlvr.objectives.base import OBJECTIVES, ratio_diagnostics, register
 from rlvr.objectives.batch import MicroBatch, MinibatchCounts, RolloutBatch
 from rlvr.objectives.gspo import GSPO
 
@@ -59,9 +59,4 @@ class GSPOToken(GSPO):
             denominator=max(1, counts.sequences),
             is_weights=mb.tok.get("tis_weights"),
         )
-        tok = ratio_stats(
-            mb.logp, mb.old_logp, mb.advantages, mb.mask, log_ratio_clamp=a.log_ratio_clamp
-        )
-        for k in ("clip_frac_low", "clip_frac_high", "dual_clip_frac"):
-            tok.pop(k)
-        return loss, {**tok, **stats}
+        return loss, {**ratio_diagnostics(mb, a.log_ratio_clamp), **stats}
