@@ -43,7 +43,9 @@ def _train(model_dir: Path, out: Path, name: str, engine: str, *extra: str) -> s
         "rollout.temperature=0", "rollout.seed_per_prompt=true", "algo.entropy_coef=0.01",
         "algo.group_size=2", "algo.prompts_per_step=4", "algo.micro_batch_size=4",
         "eval.before_after=false", "logging.progress=false",
-        "reward.specs=[{name: 'toy_rewards:count_sevens'}]", *extra,
+        "reward.specs=[{name: 'toy_rewards:count_sevens'}]",
+        # off, not vLLM's default correction: the engines then hand the trainer token ids only
+        "algo.rollout_correction.level=off", *extra,
     ]  # fmt: skip
     # without the suite's switch that makes engine=auto mean hf (tests/sitecustomize.py)
     env = {k: v for k, v in os.environ.items() if k != "RLVR_TEST_HF_ENGINE"}
@@ -91,8 +93,8 @@ def test_two_ranks_with_vllm_train_the_transformers_weights(
     assert rows[1]["time_sync"] > 1e-3  # a sync ran (a skipped one takes ~1e-6 s)
     vllm, hf = _weights(out / "vllm"), hf_weights
     assert vllm.keys() == hf.keys()
-    # Tolerance 0: the engines only hand the trainer token ids (their log-probs feed metrics; no
-    # algo.tis_cap), both runs got the same ids, and the trainer then does the same float32
+    # Tolerance 0: the engines only hand the trainer token ids (their log-probs feed metrics; the
+    # rollout correction is off), both runs got the same ids, and the trainer then does the same float32
     # operations in the same order on the same 2-rank layout, so the bits agree (measured: 0.0
     # with tp 1 and tp 2). A reply that differs on any rank changes that rank's gradient, and
     # the weights by ~lr.

@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from rlvr.config import VLLM_ROLLOUT_CORRECTION
+
 pytestmark = pytest.mark.vllm
 
 # The run's default numerics on this CPU: bf16 autocast in the trainer, a bf16 engine. Measured on
@@ -68,6 +70,9 @@ def test_train_three_steps_with_vllm(vllm_model_dir, tmp_path):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "engine: vllm" in res.stdout
+    # vLLM rollouts bring the measured rollout correction (the config sets none)
+    rc = VLLM_ROLLOUT_CORRECTION
+    assert f"[rlvr] rollout correction: {rc['level']} {rc['action']}" in res.stdout
     lines = (tmp_path / "runs" / "vllm-e2e" / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     train = [r for r in rows if "logprob_diff_max" in r]
@@ -76,6 +81,9 @@ def test_train_three_steps_with_vllm(vllm_model_dir, tmp_path):
         for key in ("policy_loss", "reward_mean", "grad_norm", "logprob_diff_mean", "logprob_k3"):
             assert math.isfinite(r[key]), (key, r)
         assert r["logprob_diff_max"] < BF16_LOGPROB_TOL, r
+        # bf16 gaps of ~1e-3 nats: weights 1 to within the gap, none masked
+        assert r["tis_weight_mean"] == pytest.approx(1.0, abs=BF16_LOGPROB_TOL), r
+        assert r["tis_masked_frac"] == 0.0
         # a sync ran after every step (rollout.sync_every=1): ~0.1 s here, ~1e-6 s when skipped
         assert r["time_sync"] > 1e-3
     assert list(tmp.glob("rlvr-vllm-*")) == []  # close() removed the exported checkpoint

@@ -100,10 +100,11 @@ def test_a_binding_cap_scales_the_policy_gradient(tiny_model_dir, tmp_path, obje
     assert cap["grad_norm"] == pytest.approx(0.5 * off["grad_norm"], rel=1e-4)
 
 
-def test_a_sequence_mask_that_keeps_everything_changes_nothing(tiny_model_dir, tmp_path):
+def test_a_sequence_mask_that_keeps_everything_changes_nothing(tiny_model_dir, tmp_path, capsys):
     """Ratios 1 to rounding lie inside [1/2, 2]: every weight 1, nothing masked, the policy loss
-    and gradient norm equal those without the correction."""
-    metrics = {}
+    and gradient norm equal those without the correction. The run's first lines say which
+    correction is in force and how to turn it off."""
+    metrics, banners = {}, {}
     for name, extra in {
         "off": [],
         "mask": ["algo.rollout_correction.level=sequence", "algo.rollout_correction.action=mask"],
@@ -119,8 +120,16 @@ def test_a_sequence_mask_that_keeps_everything_changes_nothing(tiny_model_dir, t
             *extra,
         )
         trainer = Trainer(cfg)
+        capsys.readouterr()
+        trainer._banner()
+        banners[name] = capsys.readouterr().out
         metrics[name] = trainer.train_step()
         trainer.run.close()
+    assert "rollout correction" not in banners["off"]
+    assert (
+        "[rlvr] rollout correction: sequence mask, ratios kept in [0.5, 2] "
+        "(algo.rollout_correction.level=off turns it off" in banners["mask"]
+    )
     off, mask = metrics["off"], metrics["mask"]
     assert (mask["tis_weight_min"], mask["tis_masked_frac"]) == (1.0, 0.0)
     assert mask["policy_loss"] == pytest.approx(off["policy_loss"], rel=1e-5)

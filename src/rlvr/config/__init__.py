@@ -11,6 +11,7 @@ in `validate`. Unknown keys are an error that names the key and suggests the clo
 """
 
 from rlvr.config.algo import (
+    VLLM_ROLLOUT_CORRECTION,
     AlgoConfig,
     GSPOTokenConfig,
     MaxEntConfig,
@@ -44,6 +45,7 @@ __all__ = [
     "BUILTIN_ENVS",
     "EnvConfig",
     "TEMPLATES",
+    "VLLM_ROLLOUT_CORRECTION",
     "AlgoConfig",
     "Config",
     "ConfigError",

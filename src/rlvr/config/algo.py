@@ -48,6 +48,12 @@ class PSGRPOStepsConfig(Section):
     label_index: int = 0
 
 
+# The rollout correction vLLM rollouts get where the config sets none
+# (`rlvr.training.preflight.checks.apply_engine_defaults`): chosen by measurement, 5 seeds of the
+# `target` workload with each correction (docs/performance.md, "Rollout correction with vLLM").
+VLLM_ROLLOUT_CORRECTION: dict[str, str] = {"level": "token", "action": "truncate"}
+
+
 class RolloutCorrectionConfig(Section):
     """Importance correction of the engine/trainer mismatch and of stale rollouts
     (docs/rollout.md, "Rollout correction"). The ratio is exp(trainer old log-prob - engine
@@ -55,7 +61,10 @@ class RolloutCorrectionConfig(Section):
     its token ratios."""
 
     level: Literal["off", "token", "sequence"] = Field(
-        "off", description="off | token (one ratio per token) | sequence (geometric mean)."
+        "off",
+        description="off | token (one ratio per token) | sequence (geometric mean). Unset, with "
+        "vLLM rollouts and an objective that takes a correction: VLLM_ROLLOUT_CORRECTION's, "
+        "chosen by measurement (docs/rollout.md); set off to turn it off.",
     )
     action: Literal["truncate", "mask"] = Field(
         "truncate",

@@ -150,7 +150,8 @@ class RolloutConfig(Section):
         description="k: the batches of the next k steps are requested before this step's update "
         "(generated alongside the trainer in rollout.mode=server, in order in the trainer's "
         "thread otherwise), each at most k versions old when trained; an older batch is dropped "
-        "and regenerated (docs/rollout.md). Pair with algo.rollout_correction (or algo.tis_cap). "
+        "and regenerated (docs/rollout.md). Pair with algo.rollout_correction (vLLM's default: "
+        "token truncation). "
         "0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md

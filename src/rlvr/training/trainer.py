@@ -285,6 +285,19 @@ class Trainer:
             )
             print(f"[rlvr] precision: {precision}", flush=True)
             print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
+            if (rc := cfg.algo.correction()) is not None:
+                bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
+                how = bounds if rc.action == "mask" else f"weights capped at {rc.cap:g}"
+                off = (
+                    "algo.tis_cap=null"
+                    if cfg.algo.tis_cap is not None
+                    else "algo.rollout_correction.level=off"
+                )
+                print(
+                    f"[rlvr] rollout correction: {rc.level} {rc.action}, {how} "
+                    f"({off} turns it off; docs/rollout.md)",
+                    flush=True,
+                )
         return {
             "run_dir": str(run.run_dir),
             "engine": run.engine.name,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 
 from rlvr.algorithms import AGG_MODES
-from rlvr.config import BUILTIN_ENVS, Config, ConfigError
+from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError
 from rlvr.data.hub import missing_local
 from rlvr.distributed import DistInfo
 from rlvr.envs.registry import env_class
@@ -33,11 +33,37 @@ def apply_objective_defaults(cfg: Config) -> dict[str, float]:
     return applied
 
 
+def apply_engine_defaults(cfg: Config) -> dict[str, str]:
+    """Set, in place, what the rollout engine brings where the config sets none: with vLLM
+    rollouts (`engine_for`; at config time a text model is assumed), the rollout correction
+    ``VLLM_ROLLOUT_CORRECTION`` when ``algo.rollout_correction.level`` and ``algo.tis_cap`` are
+    unset and the objective takes one. vLLM's kernels and bf16 engine differ from the trainer's,
+    so its samples are slightly off-policy; the hf engine's log-probs are the trainer's own.
+    Returns what was set, by dotted key."""
+    a, rc = cfg.algo, cfg.algo.rollout_correction
+    objective = OBJECTIVES.get(a.objective)
+    if (
+        "level" in rc.model_fields_set
+        or a.tis_cap is not None
+        or objective is None
+        or not objective.supports_tis
+        or engine_for(cfg) != "vllm"
+    ):
+        return {}
+    applied = {}
+    for key, value in VLLM_ROLLOUT_CORRECTION.items():
+        if key not in rc.model_fields_set:  # an action the user chose is kept
+            setattr(rc, key, value)  # marks it set: applying twice changes nothing
+            applied[f"algo.rollout_correction.{key}"] = value
+    return applied
+
+
 def config_problems(cfg: Config) -> list[str]:
     """Every contradiction in ``cfg`` (an empty list when it can run), after the objective's
     defaults (checked on a copy: ``cfg`` is left as it is)."""
     cfg = cfg.model_copy(deep=True)
     apply_objective_defaults(cfg)
+    apply_engine_defaults(cfg)
     out = cfg.problems()
     a = cfg.algo
     objective = OBJECTIVES.get(a.objective)
@@ -103,6 +129,7 @@ def check_config(cfg: Config) -> Config:
     """``cfg`` with the objective's defaults applied (`apply_objective_defaults`, in place) when
     it can run, else ConfigError listing every problem."""
     apply_objective_defaults(cfg)
+    apply_engine_defaults(cfg)
     probs = config_problems(cfg)
     if probs:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
