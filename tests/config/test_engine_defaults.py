@@ -25,6 +25,18 @@ def test_vllm_rollouts_get_the_measured_correction():
     assert rc.cap == 2.0  # the section's own default
 
 
+def test_server_mode_rollouts_are_vllm_whatever_the_trainers_venv_holds(monkeypatch):
+    """The trainer of `rollout.mode=server` may run where vLLM is not installed (the worker runs
+    from .venv-vllm): its rollouts are still vLLM's."""
+    import rlvr.rollout.builder as builder
+
+    monkeypatch.setattr(builder, "vllm_available", lambda: False)
+    cfg = load_config(None, ["rollout.mode=server"])
+    assert builder.engine_for(cfg) == "hf"  # the premise: auto alone would say hf
+    rc = check_config(cfg).algo.correction()
+    assert rc is not None and rc.level == VLLM_ROLLOUT_CORRECTION["level"]
+
+
 def test_the_hf_engine_keeps_the_correction_off():
     assert _checked("rollout.engine=hf").algo.correction() is None
 

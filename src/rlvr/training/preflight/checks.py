@@ -35,7 +35,8 @@ def apply_objective_defaults(cfg: Config) -> dict[str, float]:
 
 def apply_engine_defaults(cfg: Config) -> dict[str, str]:
     """Set, in place, what the rollout engine brings where the config sets none: with vLLM
-    rollouts (`engine_for`; at config time a text model is assumed), the rollout correction
+    rollouts (`rollout.mode=server`, whose worker is vLLM whatever the trainer's venv holds, or
+    `engine_for`; at config time a text model is assumed), the rollout correction
     ``VLLM_ROLLOUT_CORRECTION`` when ``algo.rollout_correction.level`` and ``algo.tis_cap`` are
     unset and the objective takes one. vLLM's kernels and bf16 engine differ from the trainer's,
     so its samples are slightly off-policy; the hf engine's log-probs are the trainer's own.
@@ -47,7 +48,7 @@ def apply_engine_defaults(cfg: Config) -> dict[str, str]:
         or a.tis_cap is not None
         or objective is None
         or not objective.supports_tis
-        or engine_for(cfg) != "vllm"
+        or (cfg.rollout.mode != "server" and engine_for(cfg) != "vllm")
     ):
         return {}
     applied = {}
@@ -59,8 +60,8 @@ def apply_engine_defaults(cfg: Config) -> dict[str, str]:
 
 
 def config_problems(cfg: Config) -> list[str]:
-    """Every contradiction in ``cfg`` (an empty list when it can run), after the objective's
-    defaults (checked on a copy: ``cfg`` is left as it is)."""
+    """Every contradiction in ``cfg`` (an empty list when it can run), after the objective's and
+    the engine's defaults (checked on a copy: ``cfg`` is left as it is)."""
     cfg = cfg.model_copy(deep=True)
     apply_objective_defaults(cfg)
     apply_engine_defaults(cfg)
@@ -126,8 +127,8 @@ def _env_problems(cfg: Config, objective) -> list[str]:
 
 
 def check_config(cfg: Config) -> Config:
-    """``cfg`` with the objective's defaults applied (`apply_objective_defaults`, in place) when
-    it can run, else ConfigError listing every problem."""
+    """``cfg`` with the objective's and the engine's defaults applied (`apply_objective_defaults`,
+    `apply_engine_defaults`, in place) when it can run, else ConfigError listing every problem."""
     apply_objective_defaults(cfg)
     apply_engine_defaults(cfg)
     probs = config_problems(cfg)
