@@ -35,8 +35,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.harness.seeds import parse_seeds, sign_test
-from benchmarks.harness.stats import rolling_mean, time_to_target
+from benchmarks.harness.stats import time_to_target
 from benchmarks.harness.workloads import get_workload
+from benchmarks.studies.sampler_ab import plot
 
 ARMS: dict[str, list[str]] = {
     "off": ["algo.rollout_correction.level=off"],
@@ -158,32 +159,6 @@ def write_report(path: Path, result: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(path: Path, runs: dict, window: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_r, ax_g) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green"), strict=True))
-    for a in ARMS:
-        for i, (_seed, recs) in enumerate(sorted(runs.get(a, {}).items())):
-            x = [r["step"] for r in recs]
-            label = a if i == 0 else None
-            roll = rolling_mean([r["reward_mean"] for r in recs], window)
-            ax_r.plot(x, roll, color=colors[a], alpha=0.6, label=label)
-            gap = [r.get("logprob_diff_mean") for r in recs]
-            ax_g.plot(x, gap, color=colors[a], alpha=0.6, label=label)
-    ax_r.set(xlabel="step", ylabel=f"reward, {window}-step mean", title="reward per run")
-    ax_g.set(xlabel="step", ylabel="mean |trainer - engine| log-prob", title="log-prob gap")
-    for ax in (ax_r, ax_g):
-        ax.legend()
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.studies.correction_ab",
@@ -267,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             result["summary"] = summarize(runs, w.target_reward, w.target_window)
             js.write_text(json.dumps(result, indent=1))
             write_report(stem.with_suffix(".md"), result)
-            plot(stem.with_suffix(".png"), runs, w.target_window)
+            gap = ("logprob_diff_mean", "mean |trainer - engine| log-prob", "log-prob gap")
+            plot(stem.with_suffix(".png"), runs, w.target_window, arms=list(ARMS), right=gap)
     shutil.rmtree(work, ignore_errors=True)  # the run folders; every record is in the JSON
     print(stem.with_suffix(".md").read_text())
     return 0

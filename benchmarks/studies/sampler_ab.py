@@ -150,23 +150,35 @@ def write_report(path: Path, result: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot(path: Path, runs: dict, window: int) -> None:
+def plot(
+    path: Path,
+    runs: dict,
+    window: int,
+    arms=ARMS,
+    right: tuple[str, str, str] = (
+        "reply_len",
+        "mean reply length (tokens)",
+        "reply length per run",
+    ),
+) -> None:
+    """Every run's rolling-mean reward per step (left) and ``right`` = (record key, y label,
+    title) per step (right), one colour per arm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax_r, ax_l) = plt.subplots(1, 2, figsize=(11, 4))
-    colors = {"loop": "tab:blue", "generate": "tab:orange"}
-    for a in ARMS:
+    key, ylabel, title = right
+    for color, a in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"), arms, strict=False):
         for i, (_seed, recs) in enumerate(sorted(runs.get(a, {}).items())):
             x = [r["step"] for r in recs]
             roll = rolling_mean([r["reward_mean"] for r in recs], window)
             label = a if i == 0 else None
-            ax_r.plot(x, roll, color=colors[a], alpha=0.6, label=label)
-            ax_l.plot(x, [r["reply_len"] for r in recs], color=colors[a], alpha=0.6, label=label)
+            ax_r.plot(x, roll, color=color, alpha=0.6, label=label)
+            ax_l.plot(x, [r.get(key) for r in recs], color=color, alpha=0.6, label=label)
     ax_r.set(xlabel="step", ylabel=f"reward, {window}-step mean", title="reward per run")
-    ax_l.set(xlabel="step", ylabel="mean reply length (tokens)", title="reply length per run")
+    ax_l.set(xlabel="step", ylabel=ylabel, title=title)
     for ax in (ax_r, ax_l):
         ax.legend()
         ax.grid(alpha=0.3)
