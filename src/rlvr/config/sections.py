@@ -20,6 +20,7 @@ from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
 from rlvr.config.lora import LoraConfig
 from rlvr.config.reward import RewardConfig
+from rlvr.config.sandbox import SandboxConfig
 
 TEMPLATES = ("chat", "r1", "qwen_math", "none")
 
@@ -266,6 +267,7 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="before")
     @classmethod
