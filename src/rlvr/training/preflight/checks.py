@@ -16,6 +16,7 @@ from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import engine_for
+from rlvr.sandbox import sandbox_problem
 
 
 def apply_objective_defaults(cfg: Config) -> dict[str, float]:
@@ -120,9 +121,13 @@ def _env_problems(cfg: Config, objective) -> list[str]:
         )
     if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
-            env_class(cfg.env.name)
+            cls = env_class(cfg.env.name)
         except ValueError as exc:
             out.append(str(exc))
+        else:
+            if getattr(cls, "runs_model_code", False):  # the Python tool: refused with no sandbox
+                why = sandbox_problem(f"env.name={cfg.env.name}", cfg.sandbox.backend)
+                out += [why] if why else []
     return out
 
 
