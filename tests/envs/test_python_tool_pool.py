@@ -39,6 +39,14 @@ def test_16_episodes_at_a_1s_tool_limit_none_fails():
     assert all("timed out" in o.value[0] for o in outs), [o.value[0] for o in outs]
 
 
+def test_16_episodes_stalled_on_a_fifo_none_fails():
+    # issue #58: a FIFO stalled the old workers until 12 of 16 episodes failed and the run stopped
+    fifo = "<python>import os\nos.mkfifo('stall')\nopen('stall').read()</python>"
+    outs = _step_all(16, {"timeout_s": 1.0}, 4.0, fifo)
+    assert [o.error for o in outs if not o.ok] == []
+    assert all("timed out" in o.value[0] for o in outs), [o.value[0] for o in outs]
+
+
 def test_back_to_back_calls_from_fresh_threads_all_succeed():
     make = env_factory("python", {})
     env = make()
