@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 
 from rlvr.sandbox.base import Limits, Result, check_files
 from rlvr.sandbox.cgroup import CallGroup, Cgroups
-from rlvr.sandbox.interpreter import SystemFiles, resolve_argv, system_files
+from rlvr.sandbox.interpreter import SystemFiles, reachable_by_others, resolve_argv, system_files
 from rlvr.sandbox.process import decode, run_process
 from rlvr.sandbox.seccomp import bpf
 from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
@@ -47,16 +47,6 @@ from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
 BOX = "/box"  # the working folder inside
 NOBODY = 65534
 TOOLS = ("bwrap", "unshare", "setpriv", "prlimit", "mount", "sh")
-
-
-def _reachable_by_others(path: str) -> bool:
-    """Every folder on the way traversable by any user (o+x), the file itself o+r."""
-    cur = "/"
-    for part in [p for p in os.path.dirname(path).split("/") if p]:
-        cur = os.path.join(cur, part)
-        if not os.stat(cur).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o004)
 
 
 class BwrapSandbox:
@@ -106,7 +96,7 @@ class BwrapSandbox:
     def _source(self, path: str, is_dir: bool) -> str:
         """Where bwrap reads ``path`` from: itself, or (as root, where nobody cannot reach it)
         a read-only bind under the staging folder that the launcher shell makes."""
-        if not self.root or _reachable_by_others(path if not is_dir else path + "/."):
+        if not self.root or reachable_by_others(path if not is_dir else path + "/."):
             return path
         staged = os.path.join(self.stage, str(len(self._staged)))
         if is_dir:
