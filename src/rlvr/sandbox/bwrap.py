@@ -151,7 +151,7 @@ class BwrapSandbox:
             )
         if status_fd is None:
             lines.append('exec "$@"')
-        else:  # stay (as root, in the call's cgroup) to report the folder's use after the program
+        else:  # stay (outside the sandbox's namespaces) to report the folder's use after the program
             mnt = shlex.quote(self.mnt)
             lines += [
                 '"$@"',
@@ -236,9 +236,8 @@ class BwrapSandbox:
             for name, data in contents.items():
                 fds[name] = _memfd("file", data)
             passed = list(fds.values())
-            if self.root:
-                status_r, status_w = os.pipe()
-                passed.append(status_w)
+            status_r, status_w = os.pipe()
+            passed.append(status_w)
             if self.cgroups is not None:
                 # + bwrap and its pid-1: the program's own processes get `processes`
                 group = self.cgroups.new_call(limits.memory_mb * 2**20, limits.processes + 2)
@@ -313,8 +312,8 @@ class BwrapSandbox:
                 return "files"
             if free_bytes < 4096:
                 return "write"
-        elif b"No space left on device" in raw.stderr:
-            return "write"
+        if group is None and raw.stderr.rstrip().endswith(b"MemoryError"):
+            return "memory"  # the address-space limit, where no cgroup sums the tree
         if raw.output_cut:
             return "output"
         return None
