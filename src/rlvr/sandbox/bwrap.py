@@ -27,6 +27,7 @@ process and a process count for the user).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -62,6 +63,7 @@ class BwrapSandbox:
         self.seccomp = bpf(allow_inet=True)  # the network namespace is empty
         self.cgroups = Cgroups.find()
         self.home = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o755)
         self.mnt = os.path.join(self.home, "box")
         os.mkdir(self.mnt)

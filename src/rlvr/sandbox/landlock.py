@@ -21,6 +21,7 @@ the deadline the session's processes and the cgroup's are killed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -120,6 +121,7 @@ class LandlockSandbox:
         self.seccomp = bpf(allow_inet=False, allow_unix=False)
         self.cgroups = Cgroups.find()
         self.home = tempfile.mkdtemp(prefix="rlvr-landlock-")
+        atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o711)
         self._lock = threading.Lock()
 
