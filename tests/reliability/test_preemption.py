@@ -114,6 +114,66 @@ def test_a_stop_signal_checkpoints_and_resume_auto_loses_nothing(
     add("preemption", signals=1, steps_lost=0, child_processes_left=0)
 
 
+@pytest.fixture(scope="module")
+def reference_with_evals(fork_server, tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reference_evals")
+    pid = fork_server.run(argv(tiny_model_dir, out, "ref", "eval.every=2"), out / "log.txt")
+    assert fork_server.wait(pid) == 0, (out / "log.txt").read_text()[-3000:]
+    return out / "ref"
+
+
+GRACE_S = 3.0
+SLOW_EVAL_S = 6.0
+
+
+@pytest.mark.parametrize(
+    ("phase", "env"),
+    [
+        # the signal in step 2's update (paused 1 s): the update finishes, then step 2's
+        # scheduled evaluation (planted: 6 s) would run before the checkpoint
+        pytest.param(
+            "update", {"RLVR_TEST_PAUSE_S": "1", "RLVR_TEST_SLOW_EVAL_S": str(SLOW_EVAL_S)}
+        ),
+        # the signal inside step 2's evaluation (paused 6 s): it is cut short
+        pytest.param("eval", {"RLVR_TEST_PAUSE_S": str(SLOW_EVAL_S)}),
+    ],
+)
+def test_a_stop_signal_skips_the_evaluation_and_checkpoints_within_the_grace(
+    phase, env, fork_server, tiny_model_dir, tmp_path, reference_with_evals
+) -> None:
+    """A slow evaluation is due at step 2 (``eval.every=2``). The checkpoint of step 2 is
+    complete less than ``train.stop_grace_s`` after the signal (measured: the signal's time here,
+    the checkpoint's COMPLETE marker's modification time), with no evaluation in between; the
+    checkpoint notes the skipped evaluation and the resumed run evaluates step 2 first, so it ends
+    equal (every metrics line, eval scores included, and the weights) to an uninterrupted run."""
+    name = "preempted"
+    run_dir = tmp_path / name
+    log = tmp_path / "log.txt"
+    env = {**env, "RLVR_TEST_PAUSE_IN": phase, "RLVR_TEST_RUN_DIR": str(run_dir)}
+    grace = f"train.stop_grace_s={GRACE_S:g}"
+    args = argv(tiny_model_dir, tmp_path, name, "eval.every=2", grace, "--resume", "auto")
+    pid = fork_server.run(args, log, env=env, hooks="reliability.shutdown_hooks:install")
+    assert wait_for((tmp_path / f"in_{phase}").exists, pid), log.read_text()[-3000:]
+    sent = time.time()
+    os.kill(pid, signal.SIGTERM)
+    assert fork_server.wait(pid) == 4, log.read_text()[-3000:]
+    status = read_status(run_dir)
+    assert (status["state"], status["step"]) == ("preempted", 2), status
+    latest = latest_checkpoint(run_dir)
+    assert latest is not None and latest.step == 2
+    took = (latest.path / "COMPLETE").stat().st_mtime - sent
+    assert took < GRACE_S, f"checkpoint {took:.2f} s after the signal"
+    assert not (run_dir / "eval" / "step_000002.json").exists()  # skipped, not run
+    assert read_state(latest.path)[1]["extra"]["evaluator"]["pending"] == 2
+    print(f"{phase}: checkpoint {took:.2f} s after the signal")
+
+    pid = fork_server.run(args, tmp_path / "resume.txt")
+    assert fork_server.wait(pid) == 0, (tmp_path / "resume.txt").read_text()[-3000:]
+    assert (run_dir / "eval" / "step_000002.json").exists()
+    assert any(k.startswith("eval/") for k in read_metrics(run_dir)[2])  # step 2's scores
+    assert assert_equal_to_reference(run_dir, reference_with_evals, MAX_STEPS) == 0
+
+
 def test_an_update_past_the_grace_is_abandoned_and_says_no_checkpoint(
     tiny_model_dir, tmp_path, capsys, restore_threads
 ) -> None:
