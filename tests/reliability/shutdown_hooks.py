@@ -85,3 +85,20 @@ def install() -> None:
         time.sleep(pause)
 
     interrupt_in(phase, run_dir, mark_and_pause)
+
+
+def grace_over_on_rank_1() -> None:
+    """torchrun: rank 1 alone gets SIGUSR1 in step 2's update and stays in it 3 s (past a
+    shorter ``train.stop_grace_s``); rank 0 meanwhile goes on into the update's collectives."""
+    import signal
+
+    if os.environ.get("RANK") != "1":
+        return
+    run_dir = Path(os.environ["RLVR_TEST_RUN_DIR"])
+
+    def signal_and_stay() -> None:
+        (run_dir.parent / "in_update").touch()
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(3)
+
+    interrupt_in("update", run_dir, signal_and_stay)
