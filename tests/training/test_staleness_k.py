@@ -240,3 +240,70 @@ def test_a_stop_signal_keeps_the_finished_batches_ahead_only_and_resumes_exactly
     assert max(m["staleness_max"] for m in lines) <= 3
     ref = _replayed(monkeypatch, tiny_model_dir, tmp_path / "ref", _tags(lines))
     _same_weights(resumed, ref)
+
+
+def test_a_batch_ahead_with_episodes_and_images_comes_back_from_a_checkpoint_equal():
+    """The checkpoint of a batch generated ahead (JSON) keeps an episode's ``EpisodeInfo`` (its
+    transcript's turns as tuples) and a vision-language prompt's images and processor tensors
+    (bf16 and int64), bit for bit; it lost both before (the episode came back a dict, the vision
+    inputs None)."""
+    import numpy as np
+    from PIL import Image
+
+    from rlvr.data.multimodal import PromptVision
+    from rlvr.objectives.batch import RolloutBatch
+    from rlvr.rollout.base import Completion, EpisodeInfo
+    from rlvr.training.overlap import Lookahead
+
+    gen = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8, generator=gen).numpy()
+    vision = [
+        PromptVision(
+            images=[Image.fromarray(pixels, "RGB")],
+            inputs={
+                "pixel_values": torch.randn(4, 6, generator=gen).to(torch.bfloat16),
+                "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            },
+        )
+    ]
+    episode = EpisodeInfo(
+        turns=2,
+        tool_calls=1,
+        env_reward=0.5,
+        gives_reward=True,
+        model_tokens=3,
+        env_tokens=2,
+        final_text="42",
+        transcript=[("model", "calc 6*7"), ("env", "42"), ("model", "42")],
+    )
+    completion = Completion(
+        0,
+        [5, 6, 7, 8, 9],
+        [-0.5, -1.25, 0.0, 0.0, -0.125],
+        "x",
+        "stop",
+        3,
+        [1, 1, 0, 0, 1],
+        episode,
+    )
+    batch = RolloutBatch(
+        [{"prompt": "p", "answer": "42"}], ["p"], [[1, 2, 3]], [[completion]], 1, vision=vision
+    )
+    ahead = Lookahead(depth=1, background=False)
+    ahead.start(4, lambda: batch)
+    state, sampler = ahead.state_dict()
+    assert sampler is None
+    again = Lookahead(depth=1, background=False)
+    again.load_state_dict(json.loads(json.dumps(state)))  # as the checkpoint writes and reads it
+    back = again.take(4)
+    assert back.completions == batch.completions
+    assert isinstance(back.completions[0].episode, EpisodeInfo)
+    assert (back.rows, back.prompt_texts, back.prompt_ids) == (
+        ["p"] and batch.rows,
+        ["p"],
+        [[1, 2, 3]],
+    )
+    (v,) = back.vision
+    assert v.images[0].mode == "RGB" and np.array_equal(np.asarray(v.images[0]), pixels)
+    for key, t in vision[0].inputs.items():
+        assert v.inputs[key].dtype == t.dtype and torch.equal(v.inputs[key], t), key
