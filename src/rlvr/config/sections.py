@@ -217,9 +217,10 @@ class TrainConfig(Section):
         "step, status 'preempted', exit code 4 (a cluster's preemption; [] keeps their defaults).",
     )
     stop_grace_s: float = Field(
-        60.0,
+        20.0,
         ge=0,
-        description="An update under way when a stop signal comes may finish in this (0: none).",
+        description="An update under way when a stop signal comes may finish in this (0: none); "
+        "below the 30 s Slurm and Kubernetes give by default before SIGKILL, less the save.",
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
     allocator: Literal["auto", "tcmalloc", "jemalloc", "system"] = Field(

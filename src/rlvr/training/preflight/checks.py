@@ -87,6 +87,15 @@ def config_problems(cfg: Config) -> list[str]:
                 f"per-token policy-gradient term to weight); leave {knob} {off}"
             )
     out.extend(_env_problems(cfg, objective))
+    r = cfg.rollout
+    if r.sync_every > 1 and (r.mode == "server" or engine_for(cfg) == "vllm"):
+        out.append(
+            f"rollout.sync_every={r.sync_every} with the vLLM engine (rollout.engine / "
+            "rollout.mode=server): the engine would sample from weights up to "
+            f"{r.sync_every - 1} updates old, which no checkpoint holds, so a resumed run "
+            "(train.resume, a stop signal's requeue) would sample from newer weights than the "
+            "uninterrupted one; use rollout.sync_every=1"
+        )
     for key, p in (
         ("data.train_path", cfg.data.train_path),
         ("data.eval_path", cfg.data.eval_path),
