@@ -337,7 +337,11 @@ class Trainer:
                 print(f"[rlvr] sandbox: {box}", flush=True)
             if (rc := cfg.algo.correction()) is not None:
                 bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
-                how = bounds if rc.action == "mask" else f"weights capped at {rc.cap:g}"
+                how = {
+                    "truncate": f"weights capped at {rc.cap:g}",
+                    "mask": f"{bounds}, weighted by their ratio",
+                    "reject": f"{bounds}, weighted 1",
+                }[rc.action]
                 off = (
                     "algo.tis_cap=null"
                     if cfg.algo.tis_cap is not None
