@@ -238,6 +238,7 @@ def test_attack_through_the_python_tool(name, backend, watched):
         "memory": "[memory limit:",
         "wall": "[timed out after",
         "processes": "[timed out after",
+        "cpu": "[CPU time limit:",
         "files": "[file limit:",
         "write": "[write limit:",
         "output": "[output truncated]",
