@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from rlvr.config import validate
 from rlvr.config.algo import AlgoConfig
@@ -18,6 +18,7 @@ from rlvr.config.base import ConfigError, Section
 from rlvr.config.env import EnvConfig, with_task_defaults
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
+from rlvr.config.inferred import infer
 from rlvr.config.lora import LoraConfig
 from rlvr.config.reward import RewardConfig
 
@@ -266,6 +267,7 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    _inferred: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -273,6 +275,21 @@ class Config(Section):
         """A built-in task's episode settings (data.task=calc_tool: the calculator), unless the
         config gives env.name (rlvr.config.env.TASK_DEFAULTS)."""
         return with_task_defaults(data)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _inferred_settings(cls, data: Any, handler: Any) -> Any:
+        """Settings that follow from other knobs the config gives (rlvr.config.inferred)."""
+        data, notes = infer(data)
+        cfg = handler(data)
+        if notes and isinstance(cfg, Config):
+            cfg._inferred = notes
+        return cfg
+
+    def inferred(self) -> dict[str, str]:
+        """What this config's loading inferred: dotted key -> the sentence that announces it
+        (a run prints them on its first lines)."""
+        return dict(self._inferred)
 
     # ------------------------------------------------------------------ derived values
     def completion_tokens(self) -> int:
