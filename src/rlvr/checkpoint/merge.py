@@ -16,6 +16,7 @@ import yaml
 from rlvr.checkpoint.full import CONFIG_FILE, MODEL_DIR, checkpoint_step
 from rlvr.checkpoint.sharded import export_full_model, is_sharded
 from rlvr.model.loading import resolve_model_path, save_model_folder
+from rlvr.model.lora import peft_wrap
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -84,7 +85,7 @@ def merge_checkpoint(path: Path, out: Path | None = None, base: str | None = Non
     dtype = torch.bfloat16 if model_cfg.get("dtype") == "bfloat16" else torch.float32
     base_path = resolve_model_path(base)
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=dtype)
-    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged = peft_wrap(PeftModel.from_pretrained, model, str(adapter)).merge_and_unload()
     tok_source = adapter if (adapter / "tokenizer_config.json").exists() else base_path
     tokenizer = AutoTokenizer.from_pretrained(tok_source)
     return save_model_folder(merged, tokenizer, out)

@@ -20,6 +20,7 @@ from rlvr.checkpoint.sharded import export_full_model, is_sharded
 from rlvr.distributed import DistInfo, device_for
 from rlvr.eval.engine import offline_eval_engine
 from rlvr.model.attention import use_training_attention
+from rlvr.model.lora import peft_wrap
 from rlvr.model.loading import ModelLoadError, prepare_tokenizer
 from rlvr.model.vlm import load_policy_model, load_processor
 
@@ -125,7 +126,7 @@ def load_policy(
     except ModelLoadError as exc:
         raise ModelLoadError(f"base model of LoRA adapter {adapter}: {exc}; pass --base") from exc
     use_training_attention(model, cfg, device)
-    model = PeftModel.from_pretrained(model, str(adapter)).to(device)
+    model = peft_wrap(PeftModel.from_pretrained, model, str(adapter)).to(device)
     if processor is not None and (adapter / "processor_config.json").exists():
         processor = load_processor(adapter)  # the run saved its processor beside it
         tokenizer = prepare_tokenizer(processor.tokenizer)
