@@ -15,7 +15,7 @@ examples:
   rlvr train -c run.yaml --dry-run              # the plan, checked; no weights loaded
   rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
   rlvr train -c run.yaml train.run_name=r1 --resume auto  # first start and every requeue alike
-  rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
+  rlvr merge runs/NAME                          # LoRA adapter + base -> one HF model
   rlvr preflight -c run.yaml --nproc 8          # the LR schedule, the memory plan, their checks
   rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
   rlvr report runs/a runs/b                     # plots + one HTML page, runs overlaid
@@ -270,7 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     # (its arguments live here: importing rlvr.checkpoint.merge imports torch, which `rlvr train` must not
     # pay for before it may start itself again with another malloc)
     p = sub.add_parser("merge", help="merge a LoRA checkpoint into its base model (HF folder)")
-    p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
+    p.add_argument(
+        "checkpoint",
+        help="a LoRA run's directory (its final/ adapter, else its newest checkpoint), "
+        "RUN_DIR/final or RUN_DIR/checkpoints/step_N",
+    )
     p.add_argument("--out", help="output folder (default RUN_DIR/merged/<checkpoint name>)")
     p.add_argument("--base", help="base model (default: model.name_or_path of the run's config)")
     p.set_defaults(func=cmd_merge)

@@ -47,7 +47,9 @@ def _check_keys(data: dict, model_cls: type[BaseModel], prefix: str = "") -> Non
         if key not in model_cls.model_fields:
             leaves = _leaves(value, dotted) if isinstance(value, dict) else []
             raise ConfigError(
-                unknown_key_message(dotted, leaves, list(model_cls.model_fields), known_keys(Config))
+                unknown_key_message(
+                    dotted, leaves, list(model_cls.model_fields), known_keys(Config)
+                )
             )
         ann = model_cls.model_fields[key].annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(value, dict):

@@ -224,6 +224,7 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "warmup_steps": ("train.warmup_steps", ""),
 }
 
+
 def edit_distance(a: str, b: str) -> int:
     """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
     neighbouring characters each cost 1 ('weigth' -> 'weight' is 1)."""
