@@ -28,6 +28,7 @@ import inspect
 import json
 import math
 import numbers
+import os
 import sys
 import time
 import traceback
@@ -77,7 +78,9 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     try:
         fn = resolve_target(name)
     except ModuleNotFoundError as exc:
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r} ({exc})") from exc
+        raise ValueError(
+            f"reward {name!r}: cannot import module {module_name!r} ({exc}); {_where_looked()}"
+        ) from exc
     except AttributeError as exc:
         raise ValueError(f"reward {name!r}: {exc}") from exc
     except Exception as exc:  # the module itself raised while importing
@@ -87,6 +90,18 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"reward {name!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _where_looked() -> str:
+    """Where Python looked for a reward's module, and how to put it there."""
+    cwd = os.getcwd()
+    here = cwd in [os.path.abspath(p or ".") for p in sys.path]
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    return (
+        f"Python looked in the directory rlvr runs in ({cwd}{'' if here else ': not searched'}), "
+        f"PYTHONPATH ({pythonpath or 'unset'}) and the installed packages: run rlvr from the "
+        "folder that holds the .py file, or add that folder to PYTHONPATH"
+    )
 
 
 def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
