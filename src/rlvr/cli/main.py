@@ -198,7 +198,8 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
     from rlvr.rollout.server_launch import serve_forever
 
     cfg = load_config(args.config, args.overrides or [])
-    return serve_forever(cfg, port=args.port, host=args.host)
+    token_file = Path(args.token_file) if args.token_file else None
+    return serve_forever(cfg, port=args.port, host=args.host, token_file=token_file)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -282,7 +283,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
     p.add_argument("--port", type=int, help="port (default rollout.server_port)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface, for trainers "
+        "on other machines)",
+    )
+    p.add_argument(
+        "--token-file",
+        help="where a new token goes when RLVR_ROLLOUT_TOKEN is unset (default "
+        "rollout-server-PORT.token here, mode 0600); every request but GET /health needs it",
+    )
     p.set_defaults(func=cmd_rollout_server)
 
     p = sub.add_parser(

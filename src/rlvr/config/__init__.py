@@ -30,6 +30,7 @@ from rlvr.config.loading import (
     load_config,
 )
 from rlvr.config.reward import RewardConfig, RewardSpec
+from rlvr.config.sandbox import SANDBOX_BACKENDS, SandboxConfig
 from rlvr.config.sections import (
     TEMPLATES,
     Config,
@@ -60,6 +61,8 @@ __all__ = [
     "RewardSpec",
     "RolloutConfig",
     "RolloutCorrectionConfig",
+    "SANDBOX_BACKENDS",
+    "SandboxConfig",
     "Section",
     "TeacherConfig",
     "TrainConfig",

@@ -57,23 +57,28 @@ VLLM_ROLLOUT_CORRECTION: dict[str, str] = {"level": "token", "action": "truncate
 class RolloutCorrectionConfig(Section):
     """Importance correction of the engine/trainer mismatch and of stale rollouts
     (docs/rollout.md, "Rollout correction"). The ratio is exp(trainer old log-prob - engine
-    log-prob) per token; ``level=sequence`` takes one ratio per sequence, the geometric mean of
-    its token ratios."""
+    log-prob) per token; ``level=sequence`` takes one ratio per sequence, the product of its
+    token ratios (the sequence's importance ratio, as verl and TRL take it); ``level=geometric``
+    their geometric mean."""
 
-    level: Literal["off", "token", "sequence"] = Field(
+    level: Literal["off", "token", "sequence", "geometric"] = Field(
         "off",
-        description="off | token (one ratio per token) | sequence (geometric mean). Unset, with "
+        description="off | token (one ratio per token) | sequence (the product of the token "
+        "ratios, log-sum clamped to [-20, 20]) | geometric (their geometric mean). Unset, with "
         "vLLM rollouts and an objective that takes a correction: VLLM_ROLLOUT_CORRECTION's, "
         "chosen by measurement (docs/rollout.md); set off to turn it off.",
     )
-    action: Literal["truncate", "mask"] = Field(
+    action: Literal["truncate", "mask", "reject"] = Field(
         "truncate",
-        description="truncate: weight min(ratio, cap); mask: weight 0 where the ratio leaves "
-        "[low, cap] (IcePop-style two-sided mask), else 1.",
+        description="truncate: weight min(ratio, cap); mask: the ratio where it lies in "
+        "[low, cap], 0 outside (TRL's token_mask/sequence_mask, IcePop's two-sided mask); "
+        "reject: 1 inside [low, cap], 0 outside (a rejection without importance weights).",
     )
     cap: float = Field(2.0, gt=0, description="C: the truncation cap, or the mask's upper bound.")
     low: float | None = Field(
-        None, gt=0, description="The mask's lower bound; None: 1 / cap. Only with action=mask."
+        None,
+        gt=0,
+        description="The mask's lower bound; None: 1 / cap. Only with action=mask or reject.",
     )
 
     def bounds(self) -> tuple[float, float]:

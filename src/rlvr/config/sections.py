@@ -20,6 +20,7 @@ from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
 from rlvr.config.lora import LoraConfig
 from rlvr.config.reward import RewardConfig
+from rlvr.config.sandbox import SandboxConfig
 
 TEMPLATES = ("chat", "r1", "qwen_math", "none")
 
@@ -216,9 +217,10 @@ class TrainConfig(Section):
         "step, status 'preempted', exit code 4 (a cluster's preemption; [] keeps their defaults).",
     )
     stop_grace_s: float = Field(
-        60.0,
+        20.0,
         ge=0,
-        description="An update under way when a stop signal comes may finish in this (0: none).",
+        description="An update under way when a stop signal comes may finish in this (0: none); "
+        "below the 30 s Slurm and Kubernetes give by default before SIGKILL, less the save.",
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
     allocator: Literal["auto", "tcmalloc", "jemalloc", "system"] = Field(
@@ -266,6 +268,7 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -40,15 +40,17 @@ def problems(cfg: Config) -> list[str]:
             "algo.tis_cap and algo.rollout_correction are both set: algo.tis_cap=C is "
             "algo.rollout_correction level=token action=truncate cap=C; keep one"
         )
-    if rc.action == "mask" and rc.level != "off":
+    if rc.action in ("mask", "reject") and rc.level != "off":
         low, high = rc.bounds()
         if not low < 1.0 < high:
             out.append(
                 f"algo.rollout_correction: the mask keeps ratios in [low={low:g}, cap={high:g}], "
                 "which must contain 1 (low < 1 < cap)"
             )
-    if rc.low is not None and rc.action != "mask":
-        out.append("algo.rollout_correction.low is the mask's lower bound: set action=mask")
+    if rc.low is not None and rc.action == "truncate":
+        out.append(
+            "algo.rollout_correction.low is the mask's lower bound: set action=mask (or reject)"
+        )
     if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
         out.append(
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "

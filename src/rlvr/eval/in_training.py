@@ -69,6 +69,7 @@ class InTrainingEvaluator:
                 min_delta=ev.early_stop.min_delta,
             )
         self.stop_reason: str | None = None
+        self.pending: int | None = None  # the step whose evaluation a stop signal skipped
 
     @property
     def enabled(self) -> bool:
@@ -160,15 +161,22 @@ class InTrainingEvaluator:
             return {}
         return self._run(0)
 
+    def due(self, step: int, last: bool) -> bool:
+        """Is an evaluation scheduled at ``step`` (``eval.every``, or the last step's)?"""
+        if not self.enabled:
+            return False
+        every = self.cfg.eval.every
+        return (every > 0 and step % every == 0) or (last and self.cfg.eval.before_after)
+
     def at_step(self, step: int, last: bool) -> dict:
         """Metrics of a scheduled (or final) evaluation at ``step``, else {}."""
-        if not self.enabled:
-            return {}
-        every = self.cfg.eval.every
-        scheduled = every > 0 and step % every == 0
-        if scheduled or (last and self.cfg.eval.before_after):
-            return self._run(step)
-        return {}
+        self.pending = None
+        return self._run(step) if self.due(step, last) else {}
+
+    def skip(self, step: int, last: bool) -> None:
+        """A stop signal skipped (or cut short) ``step``'s evaluation: the checkpoint notes it
+        (``state_dict``) and the resumed run runs it first."""
+        self.pending = step if self.due(step, last) else None
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -176,10 +184,12 @@ class InTrainingEvaluator:
         return {
             "best": dict(self.best) if self.best else None,
             "early_stop": self.stopper.state_dict() if self.stopper else None,
+            "pending": self.pending,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``; a changed early-stop metric starts a fresh count."""
+        self.pending = state.get("pending")
         best = state.get("best")
         if best is not None and best.get("metric") == self.best_metric:
             self.best = {

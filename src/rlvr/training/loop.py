@@ -118,9 +118,17 @@ def resume(run: Run, state: TrainState, step: Step) -> tuple[dict, list[dict]]:
     return {}, []
 
 
-def save(run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator) -> Path | None:
+def save(
+    run: Run,
+    state: TrainState,
+    step: Step,
+    evaluator: InTrainingEvaluator,
+    *,
+    stopping: bool = False,
+) -> Path | None:
     """Checkpoint the train state with the evaluator's and the step's state; keep the
-    best-by-eval checkpoint too.
+    best-by-eval checkpoint too. ``stopping``: a stop signal's checkpoint, the run's last (of the
+    batches generated ahead, only the finished ones: ``Step.state_dict``).
 
     Several processes: FSDP2 writes a sharded checkpoint (every rank its shard); DDP (every rank
     holds the same weights): rank 0 writes, the others wait.
@@ -129,7 +137,7 @@ def save(run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator
     args = dict(
         tokenizer=run.processing,
         config_yaml=run.cfg.to_yaml(),
-        extra={"evaluator": evaluator.state_dict(), **step.state_dict()},
+        extra={"evaluator": evaluator.state_dict(), **step.state_dict(stopping=stopping)},
         keep=run.cfg.train.max_checkpoints,
         protect=[best] if best is not None else [],
     )
@@ -182,11 +190,16 @@ def save_on_stop(
         stops.rewind(state)  # the abandoned rollout drew prompts and random numbers
     if evaluator is None:
         return "no checkpoint needed: no step had finished"
-    return checkpoint_last_step(run, state, step, evaluator)
+    return checkpoint_last_step(run, state, step, evaluator, stopping=True)
 
 
 def checkpoint_last_step(
-    run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator
+    run: Run,
+    state: TrainState,
+    step: Step,
+    evaluator: InTrainingEvaluator,
+    *,
+    stopping: bool = False,
 ) -> str:
     """A complete checkpoint of the last finished step (written unless the newest is already
     that step's), so a run that stops early keeps its work; the line that says where."""
@@ -194,7 +207,7 @@ def checkpoint_last_step(
         return "no checkpoint needed: no step had finished"
     latest = latest_checkpoint(run.run_dir)
     if latest is None or latest.step != state.step:
-        save(run, state, step, evaluator)
+        save(run, state, step, evaluator, stopping=stopping)
         latest = latest_checkpoint(run.run_dir)
     return f"checkpoint of step {state.step}: {latest.path if latest else '?'}"
 

@@ -16,6 +16,7 @@ from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import engine_for
+from rlvr.sandbox import sandbox_problem
 
 
 def apply_objective_defaults(cfg: Config) -> dict[str, float]:
@@ -86,6 +87,15 @@ def config_problems(cfg: Config) -> list[str]:
                 f"per-token policy-gradient term to weight); leave {knob} {off}"
             )
     out.extend(_env_problems(cfg, objective))
+    r = cfg.rollout
+    if r.sync_every > 1 and (r.mode == "server" or engine_for(cfg) == "vllm"):
+        out.append(
+            f"rollout.sync_every={r.sync_every} with the vLLM engine (rollout.engine / "
+            "rollout.mode=server): the engine would sample from weights up to "
+            f"{r.sync_every - 1} updates old, which no checkpoint holds, so a resumed run "
+            "(train.resume, a stop signal's requeue) would sample from newer weights than the "
+            "uninterrupted one; use rollout.sync_every=1"
+        )
     for key, p in (
         ("data.train_path", cfg.data.train_path),
         ("data.eval_path", cfg.data.eval_path),
@@ -120,9 +130,13 @@ def _env_problems(cfg: Config, objective) -> list[str]:
         )
     if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
-            env_class(cfg.env.name)
+            cls = env_class(cfg.env.name)
         except ValueError as exc:
             out.append(str(exc))
+        else:
+            if getattr(cls, "runs_model_code", False):  # the Python tool: refused with no sandbox
+                why = sandbox_problem(f"env.name={cfg.env.name}", cfg.sandbox.backend)
+                out += [why] if why else []
     return out
 
 
