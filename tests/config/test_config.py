@@ -116,3 +116,24 @@ def test_importing_the_config_loads_no_runtime_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(out.stdout)
     assert loaded and all(m == "rlvr" or m.startswith("rlvr.config") for m in loaded), loaded
+
+
+def test_the_config_modules_import_no_circle():
+    """rlvr.config is a leaf of plain modules: the sections are read by the rules
+    (config/validate.py), never the reverse; no two of its modules reach each other (type-only
+    imports counted: they are a circle to a reader and to a type checker)."""
+    import grimp
+
+    graph = grimp.build_graph("rlvr")
+    modules = sorted(m for m in graph.find_descendants("rlvr.config"))
+    circles = [
+        (a, b)
+        for i, a in enumerate(modules)
+        for b in modules[i + 1 :]
+        if graph.find_shortest_chain(importer=a, imported=b)
+        and graph.find_shortest_chain(importer=b, imported=a)
+    ]
+    assert circles == []
+    assert graph.find_shortest_chain(
+        importer="rlvr.config.validate", imported="rlvr.config.sections"
+    )
