@@ -132,3 +132,14 @@ def test_training_attention_is_grouped_eager_for_text_models(tiny_vlm_dir):
     assert vlm.config._attn_implementation == "eager"
     use_training_attention(vlm, load_config(None, ["model.attention=sdpa"]), "cpu")
     assert vlm.config._attn_implementation == "sdpa"
+
+
+def test_logprobs_does_not_import_forward():
+    """forward.py reads its log-probs from logprobs.py; logprobs.py names the two fields it
+    reads of a batch (``CompletionRows``) instead of importing forward.py back: no circle,
+    not even under TYPE_CHECKING."""
+    import grimp
+
+    graph = grimp.build_graph("rlvr")
+    assert graph.find_shortest_chain("rlvr.model.logprobs", "rlvr.model.forward") is None
+    assert graph.find_shortest_chain("rlvr.model.forward", "rlvr.model.logprobs")

@@ -64,6 +64,14 @@ def problems(cfg: Config) -> list[str]:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:
         out.append("data.task=file needs data.train_path")
+    given = [k for k in ("train_path", "eval_path") if getattr(cfg.data, k)]
+    if cfg.data.task != "file" and given:
+        paths = " and ".join(f"data.{k}" for k in given)
+        out.append(
+            f"data.task={cfg.data.task} generates its own rows, so {paths} would be ignored: "
+            f"drop data.task (a data path alone means data.task=file) or drop {paths} (a "
+            "further held-out file: eval.sets with a path)"
+        )
     if cfg.data.task == "shapes" and cfg.data.template != "chat":
         out.append(
             f"data.task=shapes with data.template={cfg.data.template}: image rows need "

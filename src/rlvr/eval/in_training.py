@@ -22,7 +22,7 @@ from rlvr.eval.early_stop import EarlyStopper
 from rlvr.eval.engine import evaluate_config_sets, training_eval_engine
 from rlvr.eval.evaluator import EvalSet, eval_payload, write_eval_file
 from rlvr.eval.sets import build_eval_sets
-from rlvr.jsonio import atomic_write_text
+from rlvr.jsonio import atomic_write_text, open_up_files
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"
@@ -141,6 +141,7 @@ class InTrainingEvaluator:
             shutil.rmtree(tmp)
         self.model.save_pretrained(tmp)
         (self.processor if self.processor is not None else self.tokenizer).save_pretrained(tmp)
+        open_up_files(tmp)  # safetensors writes weights owner-only
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

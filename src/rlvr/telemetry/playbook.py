@@ -54,8 +54,9 @@ ADVICE: dict[str, str] = {
     ),
     "truncation": (
         "{truncation_rate:.0%} of responses hit the generation limit (ceiling "
-        "{max_rate:.0%}), so answers are cut off before they are written. Raise the maximum "
-        "number of new tokens, or add a length penalty if the model rambles."
+        "{max_rate:.0%}), so answers are cut off before they are written. Raise "
+        "rollout.max_new_tokens (and eval.max_new_tokens for evaluations), or add a length "
+        "penalty (reward.overlong_buffer) if the model rambles."
     ),
     "clip_frac": (
         "{clip_frac:.0%} of tokens had their ratio clipped (ceiling {max_frac:.0%}): the "

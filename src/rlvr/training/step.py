@@ -238,6 +238,7 @@ class Step:
             [r["answer"] for r in flat_rows],
             flat_rows,
             [c.truncated for c in comps],
+            where=f"step {self.state.step + 1}",
         )
         flat_scores, flat_valid = episode_scores(comps, rewards.scores, rewards.valid)
         scores = torch.tensor(flat_scores, dtype=torch.float32).view(-1, g)
@@ -406,6 +407,7 @@ class Step:
                 infos=[x for p in parts for x in p[3].infos],
                 valid=[x for p in parts for x in p[3].valid],
                 failures=[x for p in parts for x in p[3].failures],
+                errors=[x for p in parts for x in p[3].errors],
             )
         return rollout_metrics(scores, valid, comps, rewards, self.cfg.rollout.max_new_tokens)
 

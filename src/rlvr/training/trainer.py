@@ -34,6 +34,7 @@ from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SpikeLog
 from rlvr.training.loop import (
     checkpoint_last_step,
+    data_line,
     fmt_eval,
     health_gate,
     interrupt_note,
@@ -44,6 +45,7 @@ from rlvr.training.loop import (
     save,
     save_final,
     save_on_stop,
+    truncation_notes,
     write_status,
 )
 from rlvr.training.memory import GIB, MemoryMeter, compare
@@ -182,6 +184,8 @@ class Trainer:
                 summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
                 if main:
                     print(f"[rlvr] before training: {fmt_eval(summary['before'])}", flush=True)
+                    for line in truncation_notes(cfg, before):
+                        print(f"[rlvr] warning: {line}", file=sys.stderr, flush=True)
             if pending_line is not None:
                 last = state.step == cfg.train.max_steps
                 scores = evaluator.at_step(state.step, last)
@@ -197,6 +201,8 @@ class Trainer:
                     summary["early_stop"] = self._early_stop(state.step, evaluator.stop_reason)
             bar = tqdm(
                 range(state.step, cfg.train.max_steps if "early_stop" not in summary else 0),
+                initial=state.step,  # a resumed run counts on from its checkpoint's step
+                total=cfg.train.max_steps,
                 desc="train",
                 unit="step",
                 disable=not (cfg.logging.progress and main),
@@ -225,7 +231,9 @@ class Trainer:
                 spikes.maybe_record(
                     step, metrics.get("grad_norm_max", 0.0), metrics, batch.prompt_texts
                 )
-                samples = cfg.logging.samples_every and step % cfg.logging.samples_every == 0
+                sample_every = cfg.logging.samples_every
+                # the first and last steps too: a short run still shows what the model wrote
+                samples = sample_every and (step % sample_every == 0 or step == 1 or last)
                 if samples and not stopping:
                     write_samples(run_dir, step, sample_records(batch))
                 logger.log(metrics)
@@ -234,7 +242,9 @@ class Trainer:
                 events = gate.check(step, metrics)
                 for ev in events if main else []:
                     tqdm.write(
-                        f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: {ev.values}"
+                        f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: "
+                        f"{ev.values}\n  {ev.advice}",
+                        file=sys.stderr,
                     )
                 stop = first_stop(events)
                 if events:
@@ -335,6 +345,9 @@ class Trainer:
             print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
             if (box := sandbox_in_use()) is not None:  # model-written code runs (docs/sandbox.md)
                 print(f"[rlvr] sandbox: {box}", flush=True)
+            print(f"[rlvr] data: {data_line(cfg, run.train_rows, run.eval_rows)}", flush=True)
+            for note in cfg.inferred().values():
+                print(f"[rlvr] inferred: {note}", flush=True)
             if (rc := cfg.algo.correction()) is not None:
                 bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
                 how = {
