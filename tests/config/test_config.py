@@ -153,3 +153,24 @@ def test_lora_without_a_learning_rate_gets_ten_times_the_full_rate(overrides, lr
     cfg = load_config(None, overrides)
     assert cfg.train.lr == pytest.approx(lr)
     assert ("train.lr" in cfg.inferred()) is inferred
+
+
+def test_the_config_modules_import_no_circle():
+    """rlvr.config is a leaf of plain modules: the sections are read by the rules
+    (config/validate.py), never the reverse; no two of its modules reach each other (type-only
+    imports counted: they are a circle to a reader and to a type checker)."""
+    import grimp
+
+    graph = grimp.build_graph("rlvr")
+    modules = sorted(m for m in graph.find_descendants("rlvr.config"))
+    circles = [
+        (a, b)
+        for i, a in enumerate(modules)
+        for b in modules[i + 1 :]
+        if graph.find_shortest_chain(importer=a, imported=b)
+        and graph.find_shortest_chain(importer=b, imported=a)
+    ]
+    assert circles == []
+    assert graph.find_shortest_chain(
+        importer="rlvr.config.validate", imported="rlvr.config.sections"
+    )

@@ -1,8 +1,9 @@
 """The sections of the run config (model, data, rollout, algo, train, logging) and the root `Config`.
 
 Pure data: importing this module loads pydantic and yaml only. The checks that relate knobs to
-each other live in `rlvr.config.validate` (`Config.validate()` calls them); the checks that need
-other packages (an objective's own rules, reward specs) in `rlvr.training.preflight.checks`.
+each other live in `rlvr.config.validate` (``problems(cfg)``, ``check(cfg)``), which reads these
+sections and is not imported here; the checks that need other packages (an objective's own rules,
+reward specs) in `rlvr.training.preflight.checks`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, model_validator
 
-from rlvr.config import validate
 from rlvr.config.algo import AlgoConfig
-from rlvr.config.base import ConfigError, Section
+from rlvr.config.base import Section
 from rlvr.config.env import EnvConfig, with_task_defaults
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
@@ -345,11 +345,6 @@ class Config(Section):
         )
 
     # ------------------------------------------------------------------ guardrails
-    def problems(self) -> list[str]:
-        """The contradictions among this config's own knobs, each naming the knob and the rule
-        it breaks (a run checks more: `rlvr.training.preflight.checks.config_problems`)."""
-        return validate.problems(self)
-
     def validate_against_model(self, context_length: int | None) -> list[str]:
         """Checks that need the model's config.json (read without loading weights)."""
         if context_length is None:
@@ -362,13 +357,6 @@ class Config(Section):
                 f"({context_length} tokens)"
             ]
         return []
-
-    def validate(self) -> Config:
-        """This config, or ConfigError listing ``problems()``."""
-        probs = self.problems()
-        if probs:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
-        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

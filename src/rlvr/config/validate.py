@@ -1,24 +1,25 @@
-"""The checks that relate knobs to each other within the config; `Config.validate()` runs them.
+"""The checks that relate knobs to each other within the config: ``problems(cfg)`` lists them,
+``check(cfg)`` raises on any.
 
 Each message names the knob and the rule it breaks. Checks that need another package (an
 objective's own rules from its registry, reward specs, data paths, loss aggregation names) live in
-`rlvr.training.preflight.checks`, which runs these first: config stays a leaf.
+`rlvr.training.preflight.checks`, which runs these first: config stays a leaf. The rules read the
+sections (`rlvr.config.sections`), which do not import them back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from rlvr.config.base import ConfigError
 from rlvr.config.env import env_problems
-
-if TYPE_CHECKING:
-    from rlvr.config.sections import Config
+from rlvr.config.sections import Config
 
 TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "file")
 
 
 def problems(cfg: Config) -> list[str]:
-    """The contradictions among ``cfg``'s own knobs (an empty list when there are none)."""
+    """The contradictions among ``cfg``'s own knobs (an empty list when there are none), each
+    naming the knob and the rule it breaks (a run checks more:
+    `rlvr.training.preflight.checks.config_problems`)."""
     out: list[str] = []
     a = cfg.algo
     if a.group_size <= 1:
@@ -92,3 +93,11 @@ def problems(cfg: Config) -> list[str]:
             "the run would end before reaching its peak learning rate"
         )
     return out
+
+
+def check(cfg: Config) -> Config:
+    """``cfg``, or ConfigError listing ``problems(cfg)``."""
+    probs = problems(cfg)
+    if probs:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
+    return cfg

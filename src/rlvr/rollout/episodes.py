@@ -18,6 +18,7 @@ its own episode only (``EpisodeInfo.failed``; the step gives it zero advantage).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,8 @@ from rlvr.envs.contain import call_all
 from rlvr.envs.turns import TurnRenderer
 from rlvr.rollout.base import Completion, EpisodeInfo, SamplingParams
 from rlvr.sandbox import configure as configure_sandbox
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ class EpisodeRunner:
 
     def __init__(self, make_env, renderer: TurnRenderer, limits: EpisodeLimits) -> None:
         self.make_env, self.renderer, self.limits = make_env, renderer, limits
+        if why := renderer.rewrite_warning():  # once per run, before its first episode
+            log.warning(why)
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:

@@ -1,5 +1,5 @@
 """Every check of a config before a run, in one place: the config's own cross-knob rules
-(`Config.problems()`), then the rules that need other packages (the objective registry and each
+(`rlvr.config.validate.problems`), then the rules that need other packages (the objective registry and each
 objective's own ``check``, loss aggregation names, reward specs, local data paths), then, once
 the processes are up, what a multi-process run cannot do. Each message names the knob.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 
 from rlvr.algorithms import AGG_MODES
-from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError
+from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError, validate
 from rlvr.data.hub import missing_local
 from rlvr.distributed import DistInfo
 from rlvr.envs.registry import env_class
@@ -66,7 +66,7 @@ def config_problems(cfg: Config) -> list[str]:
     cfg = cfg.model_copy(deep=True)
     apply_objective_defaults(cfg)
     apply_engine_defaults(cfg)
-    out = cfg.problems()
+    out = validate.problems(cfg)
     a = cfg.algo
     objective = OBJECTIVES.get(a.objective)
     if objective is None:
