@@ -49,7 +49,7 @@ def three_turn_agent(base_url: str, row: dict, turns: int = 3) -> dict:
     reply = None
     for turn in range(turns):
         out = client.chat.completions.create(
-            model="policy", messages=messages, tools=TOOLS, max_tokens=12
+            model="policy", messages=messages, tools=TOOLS, max_tokens=12, stop=["</tool_call>"]
         )
         reply = out.choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
