@@ -43,7 +43,9 @@ class EnvConfig(Section):
         description="Environment of multi-turn episodes: a built-in (calculator, python, "
         "guess_number), a user class 'package.module:Class', an OpenEnv Environment "
         "'openenv:package.module:Class' or 'openenv' with env.kwargs.base_url (a running OpenEnv "
-        "server); null: single-turn replies.",
+        "server), an agent 'agent:package.module:function' (fn(base_url, row) -> reward, "
+        "through the OpenAI endpoint) or a verifiers environment 'verifiers:package.module'; "
+        "null: single-turn replies.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's constructor."
