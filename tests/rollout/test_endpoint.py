@@ -187,7 +187,10 @@ def test_requests_of_a_group_are_batched_into_one_generate_call(tool_model):
     from user_agents import three_turn_agent
 
     tok, model = tool_model
-    runner = AgentRunner(FunctionPlayer("agent:user_agents:three_turn_agent", {}), tok, LIMITS, 60)
+    player = FunctionPlayer("agent:user_agents:three_turn_agent", {})
+    # a long window: a turn's generate call waits until all 4 agents asked, however slow the
+    # machine starts their threads
+    runner = AgentRunner(player, tok, LIMITS, 60, window_s=10.0)
     engine = Recording(HFEngine(model, tok, batch_size=16))
     try:
         texts, ids, groups = runner.run(
@@ -237,3 +240,34 @@ def test_expand_sequences_lays_out_earlier_sequences_before_their_episode():
     assert of == [2, 2, 2, 3, 4, 6, 6, -1]
     same, none = expand_sequences([[comp(1), comp(2)]])
     assert none is None and same[0][0].token_ids == [1]
+
+
+def test_many_agents_connecting_at_once_are_all_served(tiny_tokenizer):
+    """A step's agents open their connections together (32 in recipes/calc_agent.yaml): the
+    listen backlog must hold them all (the standard library's default of 5 dropped most)."""
+    import http.client
+    import threading
+
+    ep = Endpoint(None, tiny_tokenizer, SamplingParams(), LIMITS)
+    _, log = ep.open()
+    errors, go = [], threading.Barrier(200)
+
+    def hit():
+        go.wait()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=20)
+            conn.request("GET", f"/episodes/{log.key}/v1/models")
+            resp = conn.getresponse()
+            assert resp.status == 200 and b"rlvr-policy" in resp.read()
+        except Exception as exc:  # noqa: BLE001 - counted
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=hit) for _ in range(200)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        ep.close()
+    assert errors == []

@@ -170,13 +170,16 @@ class AgentRunner:
     """Plays a batch's episodes with agents through the endpoint (``run``: what
     rlvr.rollout.episodes.EpisodeRunner.run returns)."""
 
-    def __init__(self, player, tokenizer, limits: EndpointLimits, timeout_s: float) -> None:
-        self.player, self.tokenizer, self.limits, self.timeout_s = (
-            player,
-            tokenizer,
-            limits,
-            timeout_s,
-        )
+    def __init__(
+        self,
+        player,
+        tokenizer,
+        limits: EndpointLimits,
+        timeout_s: float,
+        window_s: float = 0.05,
+    ) -> None:
+        self.player, self.tokenizer, self.limits = player, tokenizer, limits
+        self.timeout_s, self.window_s = timeout_s, window_s
         self.endpoint: Endpoint | None = None
 
     @classmethod
@@ -200,7 +203,9 @@ class AgentRunner:
         if self.endpoint is not None and self.endpoint.engine is not engine:
             self.close()
         if self.endpoint is None:
-            self.endpoint = Endpoint(engine, self.tokenizer, params, self.limits)
+            self.endpoint = Endpoint(
+                engine, self.tokenizer, params, self.limits, window_s=self.window_s
+            )
         self.endpoint.set_params(params)
         return self.endpoint
 

@@ -160,7 +160,7 @@ class Endpoint:
         self._closed = False
         self._seed_counter = 0
         self.generate_calls = 0  # engine.generate calls made (batching shows in it)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self._threads = [
@@ -391,6 +391,12 @@ class Endpoint:
                     q.error = f"the engine failed: {type(exc).__name__}: {exc}"
             for q in group:
                 q.done.set()
+
+
+class _Server(ThreadingHTTPServer):
+    # a step's agents connect at once: the standard library's listen backlog of 5 dropped most
+    # of 32 simultaneous connections on a loaded machine (their clients timed out or were reset)
+    request_queue_size = 1024
 
 
 def _check_common(body: dict) -> None:
