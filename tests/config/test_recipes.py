@@ -49,6 +49,7 @@ def header(path: Path) -> dict[str, str]:
 def test_there_is_a_recipe_per_published_setup() -> None:
     names = [p.name for p in RECIPES]
     assert names == [
+        "calc_agent.yaml",
         "calc_tool.yaml",
         "dapo.yaml",
         "drgrpo_math_qwen25math_1p5b.yaml",
@@ -162,6 +163,10 @@ def swap_to_tiny(path: Path, model_dir: Path, tmp_path: Path) -> dict[str, Any]:
     if data["reward"].get("overlong_buffer"):  # the buffer must fit in the 8-token budget
         data["reward"]["overlong_buffer"] = 4
     a["prompts_per_step"] = a.get("minibatches", 1)  # the smallest batch of whole minibatches
+    env = data.get("env", {})
+    if str(env.get("name", "")).startswith("agent:") and "few_shot" in env.get("kwargs", {}):
+        # an agent's tools block alone is ~620 characters of the 1024 positions: no examples
+        env["kwargs"]["few_shot"] = 0
     for spec in data["reward"]["specs"]:
         if "prm" in spec.get("kwargs", {}):
             spec["kwargs"].update(prm="toy_rewards:toy_prm", device="cpu", min_steps=0)

@@ -18,6 +18,12 @@ from rlvr.config.base import Section
 # (with env.kwargs.base_url) or "openenv:package.module:Class" go through the OpenEnv adapter.
 BUILTIN_ENVS = ("calculator", "python", "guess_number")
 OPENENV = "openenv"
+# agents through the OpenAI-compatible endpoint (rlvr.rollout.agents): a function, or a verifiers
+# environment module
+AGENT, VERIFIERS = "agent", "verifiers"
+# the objectives whose advantage is one number per sequence, which an agent episode's sequences
+# share (rlvr.training.episode_groups)
+AGENT_OBJECTIVES = ("drgrpo", "grpo", "rloo", "gspo", "cispo")
 
 # What a built-in task turns on when the config does not give env.name (docs/environments.md,
 # "The calc_tool task"): the calculator, shown by one worked example, and episode limits that
@@ -37,7 +43,9 @@ class EnvConfig(Section):
         description="Environment of multi-turn episodes: a built-in (calculator, python, "
         "guess_number), a user class 'package.module:Class', an OpenEnv Environment "
         "'openenv:package.module:Class' or 'openenv' with env.kwargs.base_url (a running OpenEnv "
-        "server); null: single-turn replies.",
+        "server), an agent 'agent:package.module:function' (fn(base_url, row) -> reward, "
+        "through the OpenAI endpoint) or a verifiers environment 'verifiers:package.module'; "
+        "null: single-turn replies.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment's constructor."
@@ -69,6 +77,9 @@ def with_task_defaults(data: Any) -> Any:
     filled in where it gives neither env.name nor the key itself."""
     if not isinstance(data, dict):
         return data
+    name = _given(data.get("env")).get("name")
+    if isinstance(name, str) and name.startswith(VERIFIERS + ":"):
+        return _verifiers_rows(data, name)
     task = _given(data.get("data")).get("task")
     defaults = TASK_DEFAULTS.get(task) if isinstance(task, str) else None
     if defaults is None or "name" in _given(data.get("env")):
@@ -77,6 +88,17 @@ def with_task_defaults(data: Any) -> Any:
     for section, values in defaults.items():
         out[section] = _merged(values, _given(out.get(section)))
     return out
+
+
+def _verifiers_rows(data: dict, name: str) -> dict:
+    """``env.name=verifiers:MODULE`` reads its rows from the environment's dataset
+    (``data.task=verifiers:MODULE``, ``data.task_kwargs`` = ``env.kwargs``) unless the config
+    names a task."""
+    given = _given(data.get("data"))
+    if "task" in given:
+        return data
+    kwargs = _given(data.get("env")).get("kwargs", {})
+    return {**data, "data": {**given, "task": name, "task_kwargs": kwargs}}
 
 
 def _given(section: Any) -> dict:
@@ -91,6 +113,26 @@ def _merged(defaults: dict, given: dict) -> dict:
     for key, value in given.items():
         both = isinstance(value, dict) and isinstance(out.get(key), dict)
         out[key] = _merged(out[key], value) if both else value
+    return out
+
+
+def _agent_rules(cfg) -> list[str]:
+    e, out = cfg.env, []
+    kind, _, target = e.name.partition(":")
+    if not target or (kind == AGENT and ":" not in target):
+        form = "agent:package.module:function" if kind == AGENT else "verifiers:package.module"
+        out.append(f"env.name={e.name!r}: must be {form}")
+    if cfg.algo.objective not in AGENT_OBJECTIVES:
+        out.append(
+            f"algo.objective={cfg.algo.objective} with env.name={e.name}: agents need one of "
+            f"{', '.join(AGENT_OBJECTIVES)} (an episode the agent split into several sequences "
+            "shares its one advantage among them)"
+        )
+    if cfg.algo.dynamic_sampling:
+        out.append(
+            "algo.dynamic_sampling with an agent env.name: not supported yet (a round's groups "
+            "are as wide as its episodes' sequences); set algo.dynamic_sampling=false"
+        )
     return out
 
 
@@ -111,6 +153,8 @@ def env_problems(cfg) -> list[str]:
             f"env.name={e.name!r}: not a built-in ({', '.join(BUILTIN_ENVS)}) nor a user class "
             "'package.module:Class'"
         )
+    if e.name.startswith((AGENT + ":", VERIFIERS + ":")):
+        out.extend(_agent_rules(cfg))
     if cfg.rollout.tensor_parallel_size > 1:
         out.append(
             "rollout.tensor_parallel_size>1 with env.name: not supported yet (the ranks of a "

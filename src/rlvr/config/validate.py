@@ -77,11 +77,13 @@ def problems(cfg: Config) -> list[str]:
             f"data.task=shapes with data.template={cfg.data.template}: image rows need "
             "data.template=chat (the processor's chat template places the images)"
         )
-    rg_task = cfg.data.task.startswith("reasoning_gym:")
-    if cfg.data.task not in TASKS and not (rg_task and cfg.data.task != "reasoning_gym:"):
+    prefixed = cfg.data.task.partition(":")
+    plugin = prefixed[0] in ("reasoning_gym", "verifiers") and prefixed[2]
+    if cfg.data.task not in TASKS and not plugin:
         out.append(
-            f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}, or "
-            "reasoning_gym:<task> (the extra rlvr[reasoning-gym])"
+            f"data.task={cfg.data.task!r} is unknown; known: {', '.join(TASKS)}, "
+            "reasoning_gym:<task> (the extra rlvr[reasoning-gym]) or verifiers:<module> "
+            "(the extra rlvr[agents])"
         )
     out.extend(env_problems(cfg))
     b1, b2 = cfg.train.adam_betas

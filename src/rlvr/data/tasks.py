@@ -12,6 +12,7 @@ from fractions import Fraction
 
 from rlvr.data.reasoning_gym import is_reasoning_gym, reasoning_gym_rows
 from rlvr.data.tasks_shapes import shapes_rows
+from rlvr.data.verifiers_rows import is_verifiers_task, verifiers_rows
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
@@ -194,6 +195,8 @@ def task_rows(
     name: str, *, num_train: int, num_eval: int, seed: int, **kwargs
 ) -> tuple[list[dict], list[dict]]:
     """A built-in task's (train, held-out) rows; ``reasoning_gym:<task>`` is reasoning-gym's."""
+    if is_verifiers_task(name):
+        return verifiers_rows(name, num_train=num_train, num_eval=num_eval, seed=seed, **kwargs)
     if is_reasoning_gym(name):
         task = name.partition(":")[2]
         return reasoning_gym_rows(task, num_train=num_train, num_eval=num_eval, seed=seed, **kwargs)

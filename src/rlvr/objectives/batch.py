@@ -42,6 +42,10 @@ class RolloutBatch:
     # per prompt: its images and pixel inputs (None for text prompts); generation and every
     # log-prob pass of the step feed the same ones
     vision: list[PromptVision] | None = None
+    # agents whose episodes split (rlvr.rollout.agents.expand_sequences): per sequence, the index
+    # of the sequence standing for its episode (itself for that one), -1 for a filler; None: every
+    # sequence is its own episode
+    episode_of: list[int] | None = None
 
     @property
     def completions(self) -> list[Completion]:
@@ -49,7 +53,12 @@ class RolloutBatch:
 
     @property
     def seq_prompt_ids(self) -> list[list[int]]:
-        return [p for p in self.prompt_ids for _ in range(self.group_size)]
+        """Each sequence's prompt: its row's, or its own (an agent's sequence)."""
+        return [
+            c.prompt_ids if c.prompt_ids is not None else p
+            for p, grp in zip(self.prompt_ids, self.groups, strict=True)
+            for c in grp
+        ]
 
     @property
     def seq_prompt_texts(self) -> list[str]:

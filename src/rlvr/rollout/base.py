@@ -39,6 +39,11 @@ class EpisodeInfo:
     env_tokens: int = 0
     final_text: str = ""  # the last model turn, what the reward specs grade
     transcript: list[tuple[str, str]] = field(default_factory=list)  # ("model" | "env", text)
+    # agents (rlvr.rollout.agents): sequences the endpoint started after the first (the agent
+    # rewrote its history), those earlier sequences, what the agent returned beside its reward
+    splits: int | None = None  # None: not an agent's episode
+    earlier: list[Completion] = field(default_factory=list)
+    agent_info: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -63,6 +68,8 @@ class Completion:
     policy_version: int | None = None
     loss_mask: list[int] | None = None
     episode: EpisodeInfo | None = None
+    # its own prompt where it differs from its row's (an agent's sequence: rlvr.rollout.agents)
+    prompt_ids: list[int] | None = None
 
     @property
     def truncated(self) -> bool:

@@ -269,11 +269,17 @@ class EpisodeRunner:
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:
+        """The runner of ``env.name``: None without one; agents (``agent:...``,
+        ``verifiers:...``) play through the OpenAI endpoint (rlvr.rollout.agents.AgentRunner)."""
         # the run's sandbox settings, for whatever runs model-written code in this process
         # (the Python tool, the code reward); training and evaluation both pass here
         configure_sandbox(cfg.sandbox)
         if not cfg.env.name:
             return None
+        from rlvr.rollout.agents import AgentRunner, is_agent_env
+
+        if is_agent_env(cfg.env.name):
+            return AgentRunner.from_config(cfg, tokenizer)
         from rlvr.envs.registry import env_factory
 
         e, r = cfg.env, cfg.rollout

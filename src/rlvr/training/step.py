@@ -25,6 +25,7 @@ from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episodes import check_env_failures, episode_scores
 from rlvr.training.dynamic_sampling import assemble, count_informative
+from rlvr.training.episode_groups import episode_view, lay_out, mask_fillers, prepare_by_episode
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version, sync_engine
 from rlvr.training.preempt import StopSignals
 from rlvr.training.rollout_correction import correction_weights
@@ -213,8 +214,10 @@ class Step:
         version = engine.policy_version  # the weights it holds as the generation starts
         if episodes is not None:
             ep_texts, ep_ids, groups = episodes.run(engine, rows, params)
+            groups, episode_of = lay_out(groups, self.run.dist)  # an agent's split episodes
             stamp_version(groups, version)
-            return RolloutBatch(rows, ep_texts, ep_ids, groups, g)
+            width = len(groups[0]) if groups else g
+            return RolloutBatch(rows, ep_texts, ep_ids, groups, width, episode_of=episode_of)
         images = {} if vision is None else {"vision": vision}  # text engines take no images
         groups = engine.generate(ids, params, **images)
         stamp_version(groups, version)
@@ -246,6 +249,7 @@ class Step:
         batch.rewards = rewards
         batch.valid = valid
         batch.scores = torch.where(valid, torch.nan_to_num(scores), torch.zeros_like(scores))
+        mask_fillers(batch)
         shaping = self._overlong(batch)
         metrics = self._global_rollout_metrics(batch)
         check_env_failures(metrics, comps, self.cfg.env.max_failure_fraction)
@@ -364,7 +368,7 @@ class Step:
             )
         rc = a.correction()
         tis = correction_weights(batch, rc) if rc is not None else {}
-        stats = self.run.objective.prepare(batch)
+        stats = prepare_by_episode(batch, self.run.objective.prepare)
         return {**advantage_stats(batch), **tis, **stats}
 
     def next_batch(self) -> RolloutBatch:
@@ -396,7 +400,7 @@ class Step:
 
     def _global_rollout_metrics(self, batch: RolloutBatch) -> dict:
         """Rollout metrics over every rank's completions (each rank holds a slice)."""
-        scores, valid, comps, rewards = batch.scores, batch.valid, batch.completions, batch.rewards
+        scores, valid, comps, rewards = episode_view(batch, batch.rewards)
         if self.run.dist.enabled:
             parts = all_gather_objects((scores, valid, comps, rewards), self.run.dist)
             scores = torch.cat([p[0] for p in parts])

@@ -107,7 +107,11 @@ def episode_metrics(comps: list[Completion]) -> dict[str, float]:
     if not eps:
         return {}
     calls = sum(e.tool_calls for e in eps)
+    agents = [e.splits for e in eps if e.splits is not None]
+    # agents whose history was rewritten: sequences started after an episode's first
+    split = {"agent_splits": float(sum(agents))} if agents else {}
     return {
+        **split,
         "turns_mean": float(np.mean([e.turns for e in eps])),
         "tool_calls_mean": calls / len(eps),
         "tool_failure_rate": sum(e.tool_failures for e in eps) / calls if calls else 0.0,

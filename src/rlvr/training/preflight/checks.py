@@ -15,6 +15,7 @@ from rlvr.distributed import DistInfo
 from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
+from rlvr.rollout.agents import agent_problems, is_agent_env
 from rlvr.rollout.builder import engine_for
 from rlvr.sandbox import sandbox_problem
 
@@ -128,7 +129,9 @@ def _env_problems(cfg: Config, objective) -> list[str]:
             f"algo.objective={cfg.algo.objective} with env.name: not supported yet (its step "
             "scores read one reply's text, an episode has several turns)"
         )
-    if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
+    if is_agent_env(cfg.env.name):
+        out.extend(agent_problems(cfg))
+    elif cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
             cls = env_class(cfg.env.name)
         except ValueError as exc:
