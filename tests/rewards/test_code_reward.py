@@ -132,6 +132,7 @@ def test_a_row_without_tests_fails_naming_the_field(runner):
         "print('[0, true, \"\"]')\nimport json\nfor i in range(3):\n"
         "    print('x', json.dumps([i, True, '[1, 1]']))\nimport os\nos._exit(0)",
     ],
+    ids=["exit", "os_exit", "always_equal", "own_reports"],
 )
 def test_tricks_that_fake_a_pass_score_zero(runner, cheat):
     row = {"tests": [{"call": "f(-2)", "expected": -4}, {"call": "f([1])", "expected": [1, 1]}]}

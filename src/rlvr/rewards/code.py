@@ -5,7 +5,7 @@ The program is the reply's last fenced code block (```python, ```py or a bare ``
 the reply has no block, before the whole reply (a completion of the prompt). No program: score
 0 and info ``code_no_program``.
 
-A row's ``tests`` (docs/rewards.md has the schema and an example row) holds any mix of:
+A row's ``tests`` (docs/data.md has the schema and an example row) holds any mix of:
 
 - assert-style tests, ``"assert f(2) == 4"`` or ``{"assert": ...}``: code run after the
   program in its namespace (HumanEval's ``check(candidate)`` is one such test); it passes when
@@ -135,7 +135,7 @@ def parse_tests(tests: Any, where: str = "row") -> list[CodeTest]:
     if isinstance(tests, str) or not isinstance(tests, Sequence):
         raise ValueError(
             f"code reward: {where} field 'tests' must be a list of tests, got "
-            f"{type(tests).__name__} (docs/rewards.md: the code reward's rows)"
+            f"{type(tests).__name__} (docs/data.md: the code reward's rows)"
         )
     if not tests:
         raise ValueError(f"code reward: {where} field 'tests' is empty")
@@ -315,7 +315,7 @@ def make_code(
     ) -> RewardResult:
         if tests is None:
             raise ValueError(
-                "code reward: the row has no field 'tests' (docs/rewards.md: the code reward's "
+                "code reward: the row has no field 'tests' (docs/data.md: the code reward's "
                 f"rows); its fields: {sorted(row)}"
             )
         parsed = parse_tests(tests, f"row {row.get('_source') or ''}".strip())

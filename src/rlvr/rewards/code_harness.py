@@ -16,7 +16,7 @@ The marker is why the model's own output cannot pass for a report: the program n
 in its files or its stdin (stdin is closed before the program runs). A program that exits
 early (``exit(0)``, ``os._exit``) leaves its tests unreported, which counts as failed. What the
 marker does not stop: a program that walks the interpreter's frames or objects to find it
-(assert-style tests run in the program's own interpreter; docs/rewards.md says so).
+(assert-style tests run in the program's own interpreter; docs/data.md says so).
 """
 
 import json
