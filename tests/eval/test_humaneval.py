@@ -9,7 +9,7 @@ import math
 import pytest
 
 from rlvr import sandbox
-from rlvr.config import load_config
+from rlvr.config import SandboxConfig, load_config
 from rlvr.data.code_tasks import humaneval_rows
 from rlvr.eval.evaluator import evaluate_sets
 from rlvr.eval.metrics import sampling_pass_at_k
@@ -129,7 +129,7 @@ def test_greedy_pass_at_1_and_sampling_pass_at_k_through_the_evaluator(tiny_toke
         [wrong[3]] * 4,
     ]
     run_rewards = RewardRunner([{"name": "math"}])  # the run's; humaneval brings its own grader
-    sandbox.configure(BACKEND)
+    sandbox.configure(SandboxConfig(backend=BACKEND))
     try:
         outcome = evaluate_sets(
             ScriptedEngine(script),
@@ -141,7 +141,7 @@ def test_greedy_pass_at_1_and_sampling_pass_at_k_through_the_evaluator(tiny_toke
             max_new_tokens=8,
         )
     finally:
-        sandbox.configure("auto")
+        sandbox.configure(SandboxConfig())
         run_rewards.close()
     results = outcome.results["humaneval"]
     assert results["greedy_pass@1"] == pytest.approx(2 / 4)  # problems 0 and 1

@@ -197,7 +197,7 @@ def run_eval(args: argparse.Namespace) -> int:
         source, cfg, base=args.base, config_given=cfg_path is not None
     )
     engine = eval_engine(cfg, model, tokenizer)
-    configure(cfg.sandbox.backend)  # the code reward's sandbox (rlvr.sandbox)
+    configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )

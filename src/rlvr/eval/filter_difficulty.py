@@ -176,7 +176,7 @@ def cmd_filter_difficulty(args: argparse.Namespace) -> int:
         source, cfg, base=args.base, config_given=bool(cfg_path)
     )
     engine = eval_engine(cfg, model, tokenizer)
-    sandbox.configure(cfg.sandbox.backend)  # the code reward's sandbox (rlvr.sandbox)
+    sandbox.configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.rewards.base import RewardResult
-from rlvr.sandbox import Limits, Result, Sandbox, require_sandbox
+from rlvr.sandbox import Limits, Result, Sandbox, default_limits, require_sandbox
 
 __all__ = [
     "CodeTest",
@@ -193,11 +193,12 @@ def run_tests(
     sandbox: Sandbox,
     *,
     timeout_s: float,
-    memory_mb: int = 512,
+    memory_mb: int | None = None,
     stop_at_failure: bool = True,
 ) -> TestReport:
     """Run ``tests`` against ``program`` in ``sandbox`` within ``timeout_s`` of wall time in
-    all (see the module docstring); tests not run count as failed."""
+    all (see the module docstring); tests not run count as failed. Each run's other limits are
+    the process's (``sandbox.*``: `rlvr.sandbox.default_limits`), memory ``memory_mb`` if given."""
     report = TestReport(passed=[False] * len(tests))
     in_process = [i for i, t in enumerate(tests) if t.kind != "stdio"]
     stdio = [i for i, t in enumerate(tests) if t.kind == "stdio"]
@@ -209,7 +210,8 @@ def run_tests(
         if share < _MIN_RUN_S:
             report.timeout = True
             return None
-        return Limits(wall_s=share, cpu_s=share, memory_mb=memory_mb)
+        mem = {} if memory_mb is None else {"memory_mb": memory_mb}
+        return default_limits(wall_s=share, cpu_s=share, **mem)
 
     def note(res: Result) -> None:
         nonlocal spent, runs_left
@@ -289,17 +291,17 @@ def make_code(
     *,
     fraction: bool = False,
     timeout_s: float = 10.0,
-    memory_mb: int = 512,
+    memory_mb: int | None = None,
     backend: str | None = None,
 ) -> Callable[..., RewardResult]:
     """The code reward (module docstring). ``fraction``: score the fraction of tests passed
     instead of all-or-nothing; ``timeout_s``: wall time of one sample's runs in all (the runner
     gives it half its ``reward.timeout_s`` unless set); ``memory_mb``: each run's memory over
-    its process tree; ``backend``: the sandbox (None: the run's ``sandbox.backend``). Refuses
+    its process tree (None: ``sandbox.memory_mb``); ``backend``: the sandbox (None: the run's ``sandbox.backend``). Refuses
     to build (SandboxUnavailable) where no sandbox works."""
     if not timeout_s > 0:
         raise ValueError(f"code reward: timeout_s must be positive, got {timeout_s}")
-    if memory_mb < 16:
+    if memory_mb is not None and memory_mb < 16:
         raise ValueError(f"code reward: memory_mb={memory_mb} is too small to start Python")
     sandbox = require_sandbox("the code reward", backend)
 

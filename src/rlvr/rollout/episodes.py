@@ -25,6 +25,7 @@ from rlvr.envs.base import check_step
 from rlvr.envs.contain import call_all
 from rlvr.envs.turns import TurnRenderer
 from rlvr.rollout.base import Completion, EpisodeInfo, SamplingParams
+from rlvr.sandbox import configure as configure_sandbox
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,9 @@ class EpisodeRunner:
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:
+        # the run's sandbox settings, for whatever runs model-written code in this process
+        # (the Python tool, the code reward); training and evaluation both pass here
+        configure_sandbox(cfg.sandbox)
         if not cfg.env.name:
             return None
         from rlvr.envs.registry import env_factory

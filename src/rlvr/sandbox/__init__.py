@@ -15,10 +15,14 @@ from rlvr.sandbox.base import LIMIT_NAMES, Limits, Result, Sandbox, SandboxUnava
 from rlvr.sandbox.select import (
     BACKENDS,
     UNSAFE,
+    concurrency,
     configure,
+    default_limits,
     describe,
     get_sandbox,
+    in_use,
     require_sandbox,
+    sandbox_problem,
 )
 
 __all__ = [
@@ -29,8 +33,12 @@ __all__ = [
     "Result",
     "Sandbox",
     "SandboxUnavailable",
+    "concurrency",
     "configure",
+    "default_limits",
     "describe",
     "get_sandbox",
+    "in_use",
     "require_sandbox",
+    "sandbox_problem",
 ]

@@ -124,6 +124,7 @@ class BwrapSandbox:
             "--unshare-user",
             "--disable-userns",
             "--die-with-parent",
+            "--as-pid-1",  # no unfiltered bwrap supervisor inside to take over (/proc/1/mem)
             "--new-session",
             "--uid",
             str(NOBODY),
@@ -148,7 +149,7 @@ class BwrapSandbox:
 
     def _script(self, group: CallGroup | None, limits: Limits, status_fd: int | None) -> str:
         lines = [f"echo $$ > {shlex.quote(p)} || exit 125" for p in (group.join if group else [])]
-        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 1},mode=0700"
+        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 1},mode=0700,noexec"
         if self.root:
             opts += f",uid={NOBODY},gid={NOBODY}"
         lines.append(

@@ -11,13 +11,16 @@ built by calling the factory with no arguments; it must have ``name`` and ``run`
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import logging
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
-from rlvr.config.sandbox import SANDBOX_BACKENDS
-from rlvr.sandbox.base import Sandbox, SandboxUnavailable
+from rlvr.config.sandbox import SANDBOX_BACKENDS, SandboxConfig
+from rlvr.sandbox.base import Limits, Result, Sandbox, SandboxUnavailable
 
 log = logging.getLogger("rlvr.sandbox")
 
@@ -38,7 +41,53 @@ UNSAFE_WARNING = (
 _lock = threading.Lock()
 _cache: dict[str, Sandbox] = {}
 _failures: dict[str, str] = {}
-_default = {"backend": "auto"}
+_default: dict = {"backend": "auto", "concurrency": 0, "limits": Limits()}
+_slots: dict[str, threading.BoundedSemaphore] = {}
+
+
+def concurrency() -> int:
+    """How many sandboxed programs run at once in this process: ``sandbox.concurrency``, or
+    (0) as many as half the available memory holds at the default memory limit, at least the
+    number of CPU cores and at most 64. Sized to memory, not cores: a call mostly waits on its
+    own wall-clock limit, and one waiting for a slot makes its episode late."""
+    if _default["concurrency"]:
+        return _default["concurrency"]
+    cores = os.cpu_count() or 1
+    try:
+        import psutil
+
+        by_memory = psutil.virtual_memory().available // 2 // (_default["limits"].memory_mb * 2**20)
+    except Exception:  # noqa: BLE001 - no psutil or no /proc: cores only
+        by_memory = cores
+    return int(max(cores, min(64, by_memory)))
+
+
+def _slot() -> threading.BoundedSemaphore:
+    with _lock:
+        if "sem" not in _slots:
+            _slots["sem"] = threading.BoundedSemaphore(concurrency())
+        return _slots["sem"]
+
+
+class Bounded:
+    """A backend behind the process's semaphore: a call waits for a slot first, and its limits
+    (wall time included) start only once its program does."""
+
+    def __init__(self, inner: Sandbox) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        files: Mapping[str, str | bytes] = {},  # noqa: B006 - read only
+        stdin: str | bytes = b"",
+        limits: Limits | None = None,
+    ) -> Result:
+        with _slot():
+            return self.inner.run(
+                argv, files=files, stdin=stdin, limits=limits or _default["limits"]
+            )
 
 
 def _load(target: str) -> Callable[[], Sandbox]:
@@ -82,7 +131,7 @@ def get_sandbox(backend: str | None = None) -> Sandbox:
         if backend in _failures:
             raise SandboxUnavailable(_failures[backend])
         try:
-            box = _build(backend)
+            box = Bounded(_build(backend))
         except SandboxUnavailable as exc:
             _failures[backend] = str(exc)
             raise
@@ -99,9 +148,9 @@ def _build(backend: str) -> Sandbox:
     if backend == "auto" or backend in LOCAL_BACKENDS:
         tried = {}
         for name in LOCAL_BACKENDS if backend == "auto" else (backend,):
-            box = _cache.get(name) or _probe_local(name)
+            box = _cache[name].inner if name in _cache else _probe_local(name)
             if not isinstance(box, str):
-                _cache[name] = box
+                _cache[name] = Bounded(box)
                 return box
             tried[name] = box
         raise _unavailable(tried, backend)
@@ -123,9 +172,26 @@ def _build(backend: str) -> Sandbox:
     return box
 
 
-def configure(backend: str) -> None:
-    """Set the process default `get_sandbox()` uses (the run's ``sandbox.backend``)."""
-    _default["backend"] = backend
+def configure(section: SandboxConfig) -> None:
+    """The run's ``sandbox`` section as this process's defaults: the backend `get_sandbox()`
+    returns, the limits of a call that gives none, the number of programs at once."""
+    limits = Limits(
+        wall_s=section.wall_s,
+        cpu_s=section.cpu_s,
+        memory_mb=section.memory_mb,
+        processes=section.processes,
+        write_bytes=section.write_bytes,
+        files=section.files,
+        output_bytes=section.output_bytes,
+    )
+    with _lock:
+        _default.update(backend=section.backend, concurrency=section.concurrency, limits=limits)
+        _slots.clear()  # the next call sizes the semaphore anew
+
+
+def default_limits(**changes: float) -> Limits:
+    """The process's default limits (``sandbox.*``) with ``changes`` applied."""
+    return dataclasses.replace(_default["limits"], **changes)
 
 
 def require_sandbox(what: str, backend: str | None = None) -> Sandbox:
@@ -140,13 +206,34 @@ def require_sandbox(what: str, backend: str | None = None) -> Sandbox:
         ) from exc
 
 
+def sandbox_problem(what: str, backend: str | None = None) -> str | None:
+    """None when a sandbox for ``what`` works here, else the reason (a config check's line)."""
+    try:
+        require_sandbox(what, backend)
+    except SandboxUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def in_use() -> str | None:
+    """`describe()` of the backend this process already built (None: nothing asked for one)."""
+    with _lock:
+        built = dict(_cache)
+    box = built.get(_default["backend"]) or next(iter(built.values()), None)
+    if box is None:
+        return None
+    note = "  (UNSAFE: no isolation)" if box.name == UNSAFE else ""
+    return f"{box.name} (sandbox.backend={_default['backend']}){note}"
+
+
 def describe(backend: str | None = None) -> str:
     """One line for a run's first lines and `rlvr doctor`: the backend in force, or why none."""
     asked = backend or _default["backend"]
     try:
         box = get_sandbox(asked)
     except SandboxUnavailable as exc:
-        return f"sandbox: none works ({asked}): {str(exc).splitlines()[1:2]}"
+        first = str(exc).splitlines()[1:2]
+        return f"sandbox: none works (sandbox.backend={asked}){': ' + first[0].strip() if first else ''}"
     note = "  (UNSAFE: no isolation)" if box.name == UNSAFE else ""
     return f"sandbox: {box.name} (sandbox.backend={asked}){note}"
 
@@ -154,5 +241,9 @@ def describe(backend: str | None = None) -> str:
 def reset_cache() -> None:
     """Forget the probes (tests)."""
     with _lock:
+        for box in _cache.values():
+            with contextlib.suppress(Exception):
+                getattr(box.inner, "close", lambda: None)()
         _cache.clear()
         _failures.clear()
+        _slots.clear()

@@ -211,7 +211,7 @@ def setup_run(
         problems += mem_problems
         if problems:
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
-    sandbox.configure(cfg.sandbox.backend)  # the code reward's sandbox (rlvr.sandbox)
+    sandbox.configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg),
         timeout_s=cfg.reward.timeout_s,

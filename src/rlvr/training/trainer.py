@@ -26,6 +26,7 @@ from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
+from rlvr.sandbox import in_use as sandbox_in_use
 from rlvr.telemetry.health import HealthStop, first_stop, write_health
 from rlvr.telemetry.keys import MEMORY_PLAN_KEY
 from rlvr.telemetry.samples import write_samples
@@ -285,6 +286,8 @@ class Trainer:
             )
             print(f"[rlvr] precision: {precision}", flush=True)
             print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
+            if (box := sandbox_in_use()) is not None:  # model-written code runs (docs/sandbox.md)
+                print(f"[rlvr] sandbox: {box}", flush=True)
             if (rc := cfg.algo.correction()) is not None:
                 bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
                 how = bounds if rc.action == "mask" else f"weights capped at {rc.cap:g}"

@@ -17,7 +17,7 @@ from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import engine_for
-from rlvr.sandbox import SandboxUnavailable, require_sandbox
+from rlvr.sandbox import sandbox_problem
 
 
 def apply_objective_defaults(cfg: Config) -> dict[str, float]:
@@ -118,13 +118,8 @@ def _sandbox_problems(cfg: Config) -> list[str]:
     graders = [s.grader for s in (es.resolved() for es in cfg.eval.resolved_sets())]
     users = [f"reward {s.name}" for s in reward_specs(cfg) if s.name == "code"]
     users += [f"eval set grader {g}" for g in graders if g == "code"]
-    if not users:
-        return []
-    try:
-        require_sandbox(f"the code reward ({users[0]})", cfg.sandbox.backend)
-    except SandboxUnavailable as exc:
-        return [str(exc)]  # it names sandbox.backend, what failed and the fixes
-    return []
+    why = sandbox_problem(f"the code reward ({users[0]})", cfg.sandbox.backend) if users else None
+    return [why] if why else []  # it names sandbox.backend, what failed and the fixes
 
 
 def _env_problems(cfg: Config, objective) -> list[str]:
@@ -139,9 +134,13 @@ def _env_problems(cfg: Config, objective) -> list[str]:
         )
     if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
-            env_class(cfg.env.name)
+            cls = env_class(cfg.env.name)
         except ValueError as exc:
             out.append(str(exc))
+        else:
+            if getattr(cls, "runs_model_code", False):  # the Python tool: refused with no sandbox
+                why = sandbox_problem(f"env.name={cfg.env.name}", cfg.sandbox.backend)
+                out += [why] if why else []
     return out
 
 
