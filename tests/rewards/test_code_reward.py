@@ -190,9 +190,9 @@ def test_config_check_refuses_the_code_reward_without_a_sandbox(monkeypatch):
         {"reward": {"specs": [{"name": "code"}]}},
         {"eval": {"sets": [{"name": "humaneval"}]}},
     ):
+        assert config_problems(config_from_dict({**cfg, "sandbox": {"backend": UNSAFE}})) == []
         found = problems(**cfg)
         assert len(found) == 1, found
         assert "the code reward" in found[0] and "sandbox.backend=auto" in found[0]
         assert "unsafe_local" in found[0]  # the message names the way out, and that it is unsafe
-        assert problems(**cfg, sandbox={"backend": UNSAFE}) == []
     assert problems(data={"task": "arithmetic"}) == []  # no code reward: no check

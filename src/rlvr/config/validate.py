@@ -14,7 +14,7 @@ from rlvr.config.env import env_problems
 if TYPE_CHECKING:
     from rlvr.config.sections import Config
 
-TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "file")
+TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "code_fn", "file")
 
 
 def problems(cfg: Config) -> list[str]:
