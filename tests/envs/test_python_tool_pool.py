@@ -95,3 +95,50 @@ def test_env_name_python_is_refused_where_no_sandbox_works(monkeypatch, caplog):
     finally:
         monkeypatch.undo()
         select.reset_cache()
+
+
+def test_rlvr_train_with_the_python_tool_runs_it_in_the_sandbox(tiny_model_dir, tmp_path):
+    """A real `rlvr train` process: the run's first lines name the sandbox, and each episode's
+    tool turn is the snippet's output from inside it (uid 65534, the trainer's secret unseen)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = "import os\nprint('uid', os.getuid(), os.environ.get('RLVR_FAKE_API_KEY'))"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr",
+            "train",
+            f"model.name_or_path={tiny_model_dir}",
+            f"train.output_dir={tmp_path}",
+            "train.run_name=pytool",
+            "env.name=user_envs:ScriptedPython",
+            f"env.kwargs.code={json.dumps(code)}",
+            "data.template=chat",
+            "data.max_prompt_tokens=128",
+            "rollout.max_new_tokens=8",
+            "rollout.max_episode_tokens=96",
+            "rollout.max_turns=2",
+            "algo.prompts_per_step=2",
+            "algo.group_size=2",
+            "train.max_steps=1",
+            "eval.before_after=false",
+            "logging.progress=false",
+            "logging.samples_every=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RLVR_FAKE_API_KEY": "sk-e2e-secret"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first = [line for line in proc.stdout.splitlines() if line.startswith("[rlvr] sandbox:")]
+    assert first and first[0].startswith("[rlvr] sandbox: bwrap"), proc.stdout[:2000]
+    from rlvr.telemetry.samples import samples_path
+
+    samples = [json.loads(x) for x in samples_path(tmp_path / "pytool", 1).read_text().splitlines()]
+    env_turns = [t["text"] for s in samples for t in s["turns"] if t["role"] != "model"]
+    assert len(env_turns) == 4 and all("uid 65534 None" in t for t in env_turns), env_turns

@@ -78,3 +78,32 @@ def test_unknown_backend_is_unavailable_with_a_clear_message():
         get_sandbox("docker")
     with pytest.raises(SandboxUnavailable, match="ModuleNotFoundError"):
         get_sandbox("no_such_module_xyz:Factory")
+
+
+def test_the_semaphore_bounds_programs_at_once_and_the_wait_is_not_their_time():
+    import threading
+
+    from rlvr.config import SandboxConfig
+    from rlvr.sandbox import configure
+
+    configure(SandboxConfig(concurrency=2))
+    try:
+        box = get_sandbox()
+        code = "import time\nt = time.time()\ntime.sleep(1.0)\nprint(t, time.time())"
+        results = []
+
+        def call() -> None:
+            results.append(box.run(["python3", "-c", code], limits=Limits(wall_s=2.5)))
+
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # each waited up to ~2 s for a slot, yet none timed out: its 2.5 s began with its program
+        assert [r.limit for r in results] == [None] * 6, results
+        spans = [tuple(map(float, r.stdout.split())) for r in results]
+        most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+        assert most == 2, spans
+    finally:
+        configure(SandboxConfig())

@@ -27,6 +27,7 @@ process and a process count for the user).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shlex
@@ -39,7 +40,7 @@ from collections.abc import Mapping, Sequence
 
 from rlvr.sandbox.base import Limits, Result, check_files
 from rlvr.sandbox.cgroup import CallGroup, Cgroups
-from rlvr.sandbox.interpreter import SystemFiles, resolve_argv, system_files
+from rlvr.sandbox.interpreter import SystemFiles, reachable_by_others, resolve_argv, system_files
 from rlvr.sandbox.process import decode, run_process
 from rlvr.sandbox.seccomp import bpf
 from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
@@ -47,16 +48,6 @@ from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
 BOX = "/box"  # the working folder inside
 NOBODY = 65534
 TOOLS = ("bwrap", "unshare", "setpriv", "prlimit", "mount", "sh")
-
-
-def _reachable_by_others(path: str) -> bool:
-    """Every folder on the way traversable by any user (o+x), the file itself o+r."""
-    cur = "/"
-    for part in [p for p in os.path.dirname(path).split("/") if p]:
-        cur = os.path.join(cur, part)
-        if not os.stat(cur).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o004)
 
 
 class BwrapSandbox:
@@ -72,6 +63,7 @@ class BwrapSandbox:
         self.seccomp = bpf(allow_inet=True)  # the network namespace is empty
         self.cgroups = Cgroups.find()
         self.home = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o755)
         self.mnt = os.path.join(self.home, "box")
         os.mkdir(self.mnt)
@@ -106,7 +98,7 @@ class BwrapSandbox:
     def _source(self, path: str, is_dir: bool) -> str:
         """Where bwrap reads ``path`` from: itself, or (as root, where nobody cannot reach it)
         a read-only bind under the staging folder that the launcher shell makes."""
-        if not self.root or _reachable_by_others(path if not is_dir else path + "/."):
+        if not self.root or reachable_by_others(path if not is_dir else path + "/."):
             return path
         staged = os.path.join(self.stage, str(len(self._staged)))
         if is_dir:
@@ -161,7 +153,7 @@ class BwrapSandbox:
             )
         if status_fd is None:
             lines.append('exec "$@"')
-        else:  # stay (as root, in the call's cgroup) to report the folder's use after the program
+        else:  # stay (outside the sandbox's namespaces) to report the folder's use after the program
             mnt = shlex.quote(self.mnt)
             lines += [
                 '"$@"',
@@ -246,9 +238,8 @@ class BwrapSandbox:
             for name, data in contents.items():
                 fds[name] = _memfd("file", data)
             passed = list(fds.values())
-            if self.root:
-                status_r, status_w = os.pipe()
-                passed.append(status_w)
+            status_r, status_w = os.pipe()
+            passed.append(status_w)
             if self.cgroups is not None:
                 # + bwrap and its pid-1: the program's own processes get `processes`
                 group = self.cgroups.new_call(limits.memory_mb * 2**20, limits.processes + 2)
@@ -323,8 +314,8 @@ class BwrapSandbox:
                 return "files"
             if free_bytes < 4096:
                 return "write"
-        elif b"No space left on device" in raw.stderr:
-            return "write"
+        if group is None and raw.stderr.rstrip().endswith(b"MemoryError"):
+            return "memory"  # the address-space limit, where no cgroup sums the tree
         if raw.output_cut:
             return "output"
         return None

@@ -10,6 +10,7 @@ before it execs anything of the program, so every process of the call starts ins
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import os
@@ -162,6 +163,7 @@ class Cgroups:
                     os.makedirs(base, exist_ok=True)
                     want = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in have)
                     _write(os.path.join(base, "cgroup.subtree_control"), want)
+                    atexit.register(_remove, [base])
                     return cls({"memory": base, "pids": base, "cpu": base}, True)
             return None
         bases = {}
@@ -181,10 +183,9 @@ class Cgroups:
                 continue
             bases[key] = base
         if "memory" not in bases or "pids" not in bases:
-            for b in bases.values():
-                with contextlib.suppress(OSError):
-                    os.rmdir(b)
+            _remove(bases.values())
             return None
+        atexit.register(_remove, list(bases.values()))
         return cls(bases, False)
 
     def new_call(self, memory_bytes: int, processes: int) -> CallGroup:
@@ -215,6 +216,13 @@ class Cgroups:
             CallGroup(dirs, False).remove()
             raise
         return group
+
+
+def _remove(folders) -> None:
+    """This process's groups, once empty (at exit)."""
+    for d in folders:
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
 
 
 def _sweep(parent: str) -> None:

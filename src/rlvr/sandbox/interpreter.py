@@ -53,6 +53,16 @@ def resolve_argv(argv: Sequence[str]) -> list[str]:
     return argv
 
 
+def reachable_by_others(path: str) -> bool:
+    """Every folder on the way traversable by any user (o+x), the file itself o+r."""
+    cur = "/"
+    for part in [p for p in os.path.dirname(path).split("/") if p]:
+        cur = os.path.join(cur, part)
+        if not os.stat(cur).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004)
+
+
 def _links_on_the_way(path: str, links: dict[str, str], seen: int = 0) -> str:
     """Record each symlink met while resolving ``path`` component by component; the real path."""
     if seen > 40:

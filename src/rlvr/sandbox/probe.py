@@ -16,6 +16,11 @@ import json, os, socket, sys
 secret, port, parent, marker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 out = {"uid": os.getuid(), "cwd_write": False}
 try:
+    os.setgroups([])  # needs CAP_SETGID: a program with capabilities could undo its limits
+    out["caps"] = True
+except OSError:
+    out["caps"] = False
+try:
     out["secret"] = open(secret).read()
 except OSError:
     out["secret"] = None
@@ -76,8 +81,8 @@ def check_isolation(box: Sandbox) -> str | None:
             bad.append("it wrote outside its folder")
         if "RLVR_SANDBOX_PROBE" in got["env"]:
             bad.append("it saw the trainer's environment")
-        if got["uid"] == 0:
-            bad.append("it runs as root")
+        if got["caps"]:
+            bad.append("it holds capabilities (root)")
         if not got["cwd_write"]:
             bad.append("it could not write its own folder")
         return "; ".join(bad) or None

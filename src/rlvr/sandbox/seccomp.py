@@ -39,10 +39,11 @@ TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 
 
 @functools.cache
-def bpf(allow_inet: bool) -> bytes:
+def bpf(allow_inet: bool, allow_unix: bool = True) -> bytes:
     """The filter as a BPF program (``struct sock_filter[]``), for bwrap's ``--seccomp FD`` or
     ``prctl(PR_SET_SECCOMP)``; ``allow_inet``: AF_INET/AF_INET6 sockets allowed (only where a
-    network namespace holds the program)."""
+    network namespace holds the program); ``allow_unix``: AF_UNIX sockets (where no network
+    namespace hides the trainer's: with False only ``socketpair`` makes them)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(defaction=sc.ALLOW)
@@ -57,8 +58,10 @@ def bpf(allow_inet: bool) -> bytes:
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for req in (TIOCSTI, TIOCLINUX):
         f.add_rule(eperm, "ioctl", sc.Arg(1, sc.MASKED_EQ, 0xFFFFFFFF, req))
-    allowed = {socket.AF_UNIX} | ({socket.AF_INET, socket.AF_INET6} if allow_inet else set())
-    for family in range(1, 64):
+    allowed = ({socket.AF_UNIX} if allow_unix else set()) | (
+        {socket.AF_INET, socket.AF_INET6} if allow_inet else set()
+    )
+    for family in range(0, 64):
         if family not in allowed:
             f.add_rule(sc.ERRNO(errno.EAFNOSUPPORT), "socket", sc.Arg(0, sc.EQ, family))
     with tempfile.TemporaryFile() as out:
