@@ -7,7 +7,8 @@ Each scores 0 (it defines no ``f`` and prints no answer: its honest score), is s
 sample, not a reward failure), ends within its sample's time, and is contained: the sandbox
 suite's ``watched`` fixture checks from outside that the trainer's planted files, environment,
 memory canary, signal handler, listeners and /tmp are unchanged and that no attack process
-outlived the call; every run's output is checked for ``ESCAPED`` lines and leaked secrets.
+outlived the call; every run's output is checked for ``ESCAPED`` lines (beyond a backend's known
+gaps, the suite's ``KNOWN_GAPS``) and leaked secrets.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_attack_as_the_answer_scores_zero_and_is_contained(name, backend, watche
     assert out.scores == [0.0], out.infos
     assert [r.backend for r in runs] == [backend, backend]  # the harness run and the script run
     for res in runs:
-        _assert_contained(name, res.stdout + res.stderr, res.limit)
+        _assert_contained(name, res.stdout + res.stderr, res.limit, backend=backend)
     assert elapsed < RUNNER_TIMEOUT_S / 2 + 2.0, elapsed
 
 
