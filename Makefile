@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # the extras `make setup` installs; .venv-vllm takes `test` only (its tests are the vLLM ones)
-EXTRAS ?= test,openenv,reasoning-gym,agents
+EXTRAS ?= test,openenv,reasoning-gym,agents,code
 
 .PHONY: setup setup-malloc setup-sandbox setup-vllm demo demo-vllm test test-slow test-vllm lint bench clean-venv
 

@@ -51,6 +51,7 @@ def test_there_is_a_recipe_per_published_setup() -> None:
     assert names == [
         "calc_agent.yaml",
         "calc_tool.yaml",
+        "code_fn.yaml",
         "dapo.yaml",
         "drgrpo_math_qwen25math_1p5b.yaml",
         "grpo_countdown_qwen25_3b.yaml",

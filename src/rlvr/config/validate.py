@@ -13,7 +13,7 @@ from rlvr.config.base import ConfigError
 from rlvr.config.env import env_problems
 from rlvr.config.sections import Config
 
-TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "file")
+TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "code_fn", "file")
 
 
 def problems(cfg: Config) -> list[str]:

@@ -1,7 +1,8 @@
 """Built-in tasks generated from a seed, so examples and tests need no download.
 
 Each generator returns ``(train_rows, eval_rows)`` with zero overlap between the splits: every
-distinct problem lands in exactly one split. Rows are dicts with ``prompt`` and ``answer`` (str).
+distinct problem lands in exactly one split. Rows are dicts with ``prompt`` and ``answer`` (str); ``code_fn`` rows
+add the ``tests`` the code reward runs (rlvr.data.code_tasks).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import itertools
 import random
 from fractions import Fraction
 
+from rlvr.data.code_tasks import code_fn_rows
 from rlvr.data.reasoning_gym import is_reasoning_gym, reasoning_gym_rows
 from rlvr.data.tasks_shapes import shapes_rows
 from rlvr.data.verifiers_rows import is_verifiers_task, verifiers_rows
@@ -188,6 +190,7 @@ TASKS = {
     "countdown": countdown_rows,
     "shapes": _shapes_rows,
     "calc_tool": calc_tool_rows,
+    "code_fn": code_fn_rows,
 }
 
 
@@ -213,6 +216,7 @@ DEFAULT_REWARD = {
     "countdown": "countdown",
     "shapes": "math",
     "calc_tool": "math",
+    "code_fn": "code",
 }
 
 

@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rlvr import sandbox
 from rlvr.config import load_config
 from rlvr.data.loaders import load_rows
 from rlvr.data.rows import reward_specs
@@ -175,6 +176,7 @@ def cmd_filter_difficulty(args: argparse.Namespace) -> int:
         source, cfg, base=args.base, config_given=bool(cfg_path)
     )
     engine = eval_engine(cfg, model, tokenizer)
+    sandbox.configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg), timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0
     )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from rlvr.config.benchmarks import BENCHMARKS
 from rlvr.config.eval import HELDOUT, EvalSetConfig
+from rlvr.data.code_tasks import PACKAGED_SETS
 from rlvr.data.loaders import load_rows
 from rlvr.data.tasks import task_rows
 from rlvr.eval.evaluator import EvalSet
@@ -30,7 +31,9 @@ def set_rows(
     """
     set_cfg = set_cfg.resolved()  # a named benchmark's hub rows, fields and answer format
     limit = set_cfg.max_problems or cfg.eval.max_problems
-    if set_cfg.path is not None:
+    if set_cfg.path in PACKAGED_SETS:  # rows shipped inside a package (humaneval)
+        rows = PACKAGED_SETS[set_cfg.path](limit)
+    elif set_cfg.path is not None:
         rows = load_rows(
             set_cfg.path,
             prompt_field=set_cfg.prompt_field or cfg.data.prompt_field,

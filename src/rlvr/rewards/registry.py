@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr.rewards.base import RewardResult
+from rlvr.rewards.code import make_code
 from rlvr.rewards.countdown import grade_countdown
 from rlvr.rewards.math import DEFAULT_SYMBOLIC_TIMEOUT_S, grade
 from rlvr.rewards.prm import (
@@ -181,6 +182,7 @@ BUILTIN_REWARDS: dict[str, Callable[..., Reward]] = {
     "countdown": make_countdown,
     "psgrpo": make_psgrpo,
     "math_prm": make_math_prm,
+    "code": make_code,
 }
 
 

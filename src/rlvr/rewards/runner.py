@@ -9,9 +9,11 @@ runner raise ``RewardFailureError``, with the first failure's traceback in the m
 
 Where each reward runs:
 
-- built-ins (``math``, ``gsm8k``, ``countdown``, ``psgrpo``, ``math_prm``) run in this
-  process: they are our code and bound their own time (the maths grader sends only its
-  symbolic stage to a sandbox process), so 64 numeric answers take milliseconds;
+- built-ins (``math``, ``gsm8k``, ``countdown``, ``psgrpo``, ``math_prm``, ``code``) run in
+  this process: they are our code and bound their own time (the maths grader sends only its
+  symbolic stage to a sandbox process; the code reward runs the model's program in
+  ``rlvr.sandbox``, each run under its share of the sample's time), so 64 numeric answers take
+  milliseconds;
 - user functions (``package.module:function``) and the built-ins that call another package's
   scorer (``reasoning_gym``: registry.POOLED_BUILTINS) run in a pool of sandbox processes
   (``pool.SandboxPool``); a call that overruns has its process killed and replaced, so a

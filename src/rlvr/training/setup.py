@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr import onednn_cache
+from rlvr import onednn_cache, sandbox
 from rlvr.algorithms import AdaptiveKLController, FixedKLController
 from rlvr.checkpoint.resume_plan import plan_resume
 from rlvr.config import Config, ConfigError
@@ -211,6 +211,7 @@ def setup_run(
         problems += mem_problems
         if problems:
             raise ConfigError("invalid config:\n  - " + "\n  - ".join(problems))
+    sandbox.configure(cfg.sandbox)  # the backend and limits of model-written code (rlvr.sandbox)
     rewards = RewardRunner(
         reward_specs(cfg),
         timeout_s=cfg.reward.timeout_s,

@@ -11,6 +11,7 @@ import difflib
 from rlvr.algorithms import AGG_MODES
 from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError, validate
 from rlvr.data.hub import missing_local
+from rlvr.data.rows import reward_specs
 from rlvr.distributed import DistInfo
 from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
@@ -116,7 +117,19 @@ def config_problems(cfg: Config) -> list[str]:
             validate_reward_spec(spec)
         except ValueError as exc:
             out.append(f"reward.specs[{i}]: {exc}")
+    out.extend(_sandbox_problems(cfg))
     return out
+
+
+def _sandbox_problems(cfg: Config) -> list[str]:
+    """The code reward (a reward spec, the task's default, or an eval set's grader: humaneval)
+    runs model-written code: refused where no sandbox works (unless sandbox.backend names
+    unsafe_local)."""
+    graders = [s.grader for s in (es.resolved() for es in cfg.eval.resolved_sets())]
+    users = [f"reward {s.name}" for s in reward_specs(cfg) if s.name == "code"]
+    users += [f"eval set grader {g}" for g in graders if g == "code"]
+    why = sandbox_problem(f"the code reward ({users[0]})", cfg.sandbox.backend) if users else None
+    return [why] if why else []  # it names sandbox.backend, what failed and the fixes
 
 
 def _env_problems(cfg: Config, objective) -> list[str]:
