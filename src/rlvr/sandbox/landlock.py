@@ -118,7 +118,9 @@ class LandlockSandbox:
             reachable_by_others(p if os.path.isfile(p) else p + "/.")
             for p in [*s.read_dirs, *s.read_files]
         )
-        self.seccomp = bpf(allow_inet=False, allow_unix=False)
+        # a uid that owns host files (0 without capabilities, or the user's own) could chmod or
+        # re-date any of them: Landlock does not cover chmod/chown/utime
+        self.seccomp = bpf(allow_inet=False, allow_unix=False, deny_owner_calls=not self.drop_uid)
         self.cgroups = Cgroups.find()
         self.home = tempfile.mkdtemp(prefix="rlvr-landlock-")
         atexit.register(shutil.rmtree, self.home, True)

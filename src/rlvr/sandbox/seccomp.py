@@ -33,22 +33,30 @@ DENY = (
     "iopl", "ioperm", "vhangup", "uselib", "ustat", "sysfs", "_sysctl", "personality",
     "mbind", "migrate_pages", "move_pages", "set_mempolicy", "nfsservctl",
 )  # fmt: skip
+# What an owner may do to a file without opening it, and Landlock does not cover: a program whose
+# uid owns files outside its folder (the landlock backend as uid 0 without capabilities, or as the
+# trainer's own user) could chmod them (a setuid bit on a root-owned binary included) or re-date them.
+OWNER_CALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "utime", "utimes", "utimensat", "futimesat",
+)  # fmt: skip
 CLONE_NS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 CLONE_NEWTIME = 0x00000080
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 
 
 @functools.cache
-def bpf(allow_inet: bool, allow_unix: bool = True) -> bytes:
+def bpf(allow_inet: bool, allow_unix: bool = True, deny_owner_calls: bool = False) -> bytes:
     """The filter as a BPF program (``struct sock_filter[]``), for bwrap's ``--seccomp FD`` or
     ``prctl(PR_SET_SECCOMP)``; ``allow_inet``: AF_INET/AF_INET6 sockets allowed (only where a
     network namespace holds the program); ``allow_unix``: AF_UNIX sockets (where no network
-    namespace hides the trainer's: with False only ``socketpair`` makes them)."""
+    namespace hides the trainer's: with False only ``socketpair`` makes them);
+    ``deny_owner_calls``: EPERM for `OWNER_CALLS` (where the program's uid owns host files)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(defaction=sc.ALLOW)
     eperm = sc.ERRNO(errno.EPERM)
-    for name in DENY:
+    for name in DENY + (OWNER_CALLS if deny_owner_calls else ()):
         try:
             f.add_rule(eperm, name)
         except OSError:  # a call this kernel/libseccomp does not know
