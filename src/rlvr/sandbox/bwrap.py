@@ -205,7 +205,12 @@ class BwrapSandbox:
                     made.add(d)
                     per_call += ["--dir", f"{BOX}/{d}"]
             per_call += ["--file", str(fd), f"{BOX}/{name}"]
+        # the launcher dies with the trainer (SIGKILL, an OOM kill, a crash): bwrap's
+        # --die-with-parent then takes the program's pid namespace down with it
         return [
+            t["setpriv"],
+            "--pdeathsig=KILL",
+            "--",
             *ns,
             t["sh"],
             "-c",

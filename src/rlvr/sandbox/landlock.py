@@ -160,10 +160,14 @@ class LandlockSandbox:
         t = self.tools
         lines = [f"echo $$ > {p} || exit 125" for p in (group.join if group else [])]
         lines.append('exec "$@"')
-        drop = []
+        # the program dies with the trainer (setpriv sets the signal after changing the uid,
+        # which would clear it); a child it puts in a session of its own is left to the cgroup's
+        # sweep by the next trainer (rlvr.sandbox.cgroup)
+        drop = [t["setpriv"], "--pdeathsig=KILL", "--"]
         if self.root and not self.drop_uid:
             drop = [
                 t["setpriv"],
+                "--pdeathsig=KILL",
                 "--inh-caps=-all",
                 "--ambient-caps=-all",
                 "--bounding-set=-all",
@@ -174,6 +178,7 @@ class LandlockSandbox:
         elif self.root:
             drop = [
                 t["setpriv"],
+                "--pdeathsig=KILL",
                 f"--reuid={NOBODY}",
                 f"--regid={NOBODY}",
                 "--clear-groups",
