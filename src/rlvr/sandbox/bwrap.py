@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import shlex
 import shutil
@@ -48,6 +49,7 @@ from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
 BOX = "/box"  # the working folder inside
 NOBODY = 65534
 TOOLS = ("bwrap", "unshare", "setpriv", "prlimit", "mount", "sh")
+_calls = itertools.count()  # names each call's status file
 
 
 class BwrapSandbox:
@@ -142,7 +144,7 @@ class BwrapSandbox:
             args += ["--setenv", k, v]
         return args
 
-    def _script(self, group: CallGroup | None, limits: Limits, status_fd: int | None) -> str:
+    def _script(self, group: CallGroup | None, limits: Limits, status: str | None) -> str:
         lines = [f"echo $$ > {shlex.quote(p)} || exit 125" for p in (group.join if group else [])]
         opts = f"size={limits.write_bytes},nr_inodes={limits.files + 1},mode=0700,noexec"
         if self.root:
@@ -154,14 +156,16 @@ class BwrapSandbox:
             lines.append(
                 f"mount --bind -o ro {shlex.quote(host)} {shlex.quote(staged)} || exit 125"
             )
-        if status_fd is None:
+        if status is None:
             lines.append('exec "$@"')
         else:  # stay (outside the sandbox's namespaces) to report the folder's use after the program
+            # into a host file the program cannot see (not an inherited descriptor: bwrap passes
+            # every open one on to the program, which could write a false report or block this)
             mnt = shlex.quote(self.mnt)
             lines += [
                 '"$@"',
                 "rc=$?",
-                f"stat -f -c '%c %d %b %f %S' {mnt} > /proc/self/fd/{status_fd}",
+                f"stat -f -c '%c %d %b %f %S' {mnt} > {shlex.quote(status)}",
                 "exit $rc",
             ]
         return "\n".join(lines)
@@ -172,7 +176,7 @@ class BwrapSandbox:
         fds: dict[str, int],
         limits: Limits,
         group: CallGroup | None,
-        status_fd: int | None = None,
+        status: str | None = None,
     ) -> list[str]:
         t = self.tools
         if self.root:
@@ -214,7 +218,7 @@ class BwrapSandbox:
             *ns,
             t["sh"],
             "-c",
-            self._script(group, limits, status_fd),
+            self._script(group, limits, status),
             "rlvr-sandbox",
             *drop,
             *rl,
@@ -240,18 +244,16 @@ class BwrapSandbox:
             raise ValueError(f"{len(contents)} files given, over Limits.files={limits.files}")
         fds: dict[str, int] = {}
         group = None
-        status_r = status_w = None
+        status = os.path.join(self.home, f"status-{next(_calls)}")
         try:
             fds["__seccomp__"] = _memfd("seccomp", self.seccomp)
             for name, data in contents.items():
                 fds[name] = _memfd("file", data)
             passed = list(fds.values())
-            status_r, status_w = os.pipe()
-            passed.append(status_w)
             if self.cgroups is not None:
                 # + bwrap and its pid-1: the program's own processes get `processes`
                 group = self.cgroups.new_call(limits.memory_mb * 2**20, limits.processes + 2)
-            cmd = self.command(argv, dict(fds), limits, group, status_w)
+            cmd = self.command(argv, dict(fds), limits, group, status)
             cpu_s = limits.cpu_s
 
             def watch() -> str | None:
@@ -273,16 +275,13 @@ class BwrapSandbox:
                 kill=kill,
                 watch=watch,
             )
-            usage = None
-            if status_w is not None:
-                os.close(status_w)
-                status_w = None
-                usage = _read_status(status_r)
+            usage = _read_status(status)
             limit = self._limit(raw, limits, group, usage)
         finally:
-            for fd in [*fds.values(), status_r, status_w]:
-                if fd is not None:
-                    os.close(fd)
+            for fd in fds.values():
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(status)
             if group is not None:
                 group.kill_all()
                 group.remove()
@@ -329,12 +328,11 @@ class BwrapSandbox:
         return None
 
 
-def _read_status(fd: int) -> tuple[int, int] | None:
+def _read_status(path: str) -> tuple[int, int] | None:
     """(free inodes, free bytes) of the working folder, as the launcher saw them at the end."""
     data = b""
-    os.set_blocking(fd, False)
-    with contextlib.suppress(BlockingIOError, OSError):
-        data = os.read(fd, 256)
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        data = f.read(256)
     try:
         _, free_inodes, _, free_blocks, block = (int(x) for x in data.split())
     except ValueError:
