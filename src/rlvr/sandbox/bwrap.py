@@ -139,19 +139,25 @@ class BwrapSandbox:
             args += ["--tmpfs", hidden, "--remount-ro", hidden]
         for target, link in s.symlinks:
             args += ["--symlink", target, link]
-        args += ["--proc", "/proc", "--dev", "/dev", "--bind", self.mnt, BOX, "--chdir", BOX]
+        # the capped tmpfs holds the working folder and /dev/shm (POSIX semaphores:
+        # multiprocessing), so every byte and inode the program can write counts against its caps
+        args += ["--proc", "/proc", "--dev", "/dev", "--bind", os.path.join(self.mnt, "shm")]
+        args += ["/dev/shm", "--bind", os.path.join(self.mnt, "box"), BOX, "--chdir", BOX]
         for k, v in program_env(BOX).items():
             args += ["--setenv", k, v]
         return args
 
     def _script(self, group: CallGroup | None, limits: Limits, status: str | None) -> str:
         lines = [f"echo $$ > {shlex.quote(p)} || exit 125" for p in (group.join if group else [])]
-        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 1},mode=0700,noexec"
+        # inodes: the files, and the tmpfs's root and its two folders (box, shm)
+        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 3},mode=0700,noexec"
         if self.root:
             opts += f",uid={NOBODY},gid={NOBODY}"
-        lines.append(
-            f"mount -t tmpfs -o {opts},nosuid,nodev rlvr-box {shlex.quote(self.mnt)} || exit 125"
-        )
+        mnt = shlex.quote(self.mnt)
+        lines.append(f"mount -t tmpfs -o {opts},nosuid,nodev rlvr-box {mnt} || exit 125")
+        lines.append(f"mkdir -m 0700 {mnt}/box {mnt}/shm || exit 125")
+        if self.root:
+            lines.append(f"chown {NOBODY}:{NOBODY} {mnt}/box {mnt}/shm || exit 125")
         for host, staged in self._staged:
             lines.append(
                 f"mount --bind -o ro {shlex.quote(host)} {shlex.quote(staged)} || exit 125"
@@ -209,6 +215,8 @@ class BwrapSandbox:
                     made.add(d)
                     per_call += ["--dir", f"{BOX}/{d}"]
             per_call += ["--file", str(fd), f"{BOX}/{name}"]
+        # last: bwrap's root and /dev tmpfs read-only (else writable outside every cap)
+        per_call += ["--remount-ro", "/dev", "--remount-ro", "/"]
         # the launcher dies with the trainer (SIGKILL, an OOM kill, a crash): bwrap's
         # --die-with-parent then takes the program's pid namespace down with it
         return [
