@@ -9,7 +9,8 @@ refused, and ``clone3`` answers ENOSYS (its flags sit in memory a filter cannot 
 falls back to ``clone``, whose flags it can. Socket families other than AF_UNIX (and, where a
 network namespace already isolates, AF_INET/AF_INET6) are refused. Calls of another
 architecture's ABI (i386 ``int 0x80`` on x86-64) kill the process: libseccomp's default for an
-architecture the filter does not name.
+architecture the filter does not name. Calls newer than libseccomp's table answer ENOSYS (a
+default-allow filter would let them through unnamed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import errno
 import functools
 import socket
+import struct
 import tempfile
 
 DENY = (
@@ -75,4 +77,30 @@ def bpf(allow_inet: bool, allow_unix: bool = True, deny_owner_calls: bool = Fals
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
-        return out.read()
+        return _newer_calls_refused(sc, out.read())
+
+
+def _newer_calls_refused(sc, program: bytes) -> bytes:
+    """``program`` behind a check that answers ENOSYS for every system call newer than the
+    libseccomp that compiled it: a default-allow filter lets through what it cannot name (the
+    kernel keeps adding calls: ``setxattrat`` writes the xattrs ``setxattr`` is refused,
+    ``listmount``/``statmount`` list mounts), and ENOSYS is what a program would see on an older
+    kernel. x32 numbers (bit 30) are left to libseccomp, which kills them."""
+    arch = sc.system_arch()
+    newest = 0
+    for nr in range(1024):
+        try:
+            sc.resolve_syscall(arch, nr)
+        except ValueError:
+            continue
+        newest = nr
+    ld, jeq, jge, jgt, ret = 0x20, 0x15, 0x35, 0x25, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ..., RET|K
+    head = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, 4, arch),  # another ABI: to libseccomp's program (it kills)
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jge, 2, 0, 0x40000000),  # x32: to libseccomp's program
+        (jgt, 0, 1, newest),
+        (ret, 0, 0, 0x00050000 | errno.ENOSYS),  # SECCOMP_RET_ERRNO
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in head) + program
