@@ -8,7 +8,7 @@ One call, as launched (as root; the non-root chain is below):
       capped in bytes (write_bytes) and inodes (files); bind the interpreter's folders that
       uid 65534 cannot reach (/root/.pyenv...) under a staging folder, read-only; then
     exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --no-new-privs
-    prlimit --cpu --fsize --core=0 [--as --nproc without a cgroup]
+    prlimit --cpu --core=0 [--as --nproc without a cgroup]
     bwrap --unshare-all --disable-userns --die-with-parent --new-session --uid 65534 ...
           --clearenv --seccomp FD --ro-bind <what python3 needs> --bind <tmpfs> /box
           --proc /proc --dev /dev --chdir /box  python3 -E -s -S ...
@@ -202,6 +202,8 @@ class BwrapSandbox:
             ns.append("--")
             drop = []
         rl = prlimit_argv(limits, processes=group is None)
+        # no file-size limit: the tmpfs caps the bytes (and a SIGXFSZ would look like exit(153))
+        rl = [a for a in rl if not a.startswith("--fsize=")]
         if group is not None:  # the cgroup holds memory over the tree; leave address space alone
             rl = [a for a in rl if not a.startswith("--as=")]
         rl[0] = t["prlimit"]
@@ -284,7 +286,8 @@ class BwrapSandbox:
                 watch=watch,
             )
             usage = _read_status(status)
-            limit = self._limit(raw, limits, group, usage)
+            code = _exit_code(raw.returncode, group.cpu_s() if group is not None else None, limits)
+            limit = self._limit(raw, code, limits, group, usage)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -293,9 +296,6 @@ class BwrapSandbox:
             if group is not None:
                 group.kill_all()
                 group.remove()
-        code = raw.returncode
-        if code is not None and 128 < code <= 128 + 64:
-            code = -(code - 128)  # bwrap reports a signal death as 128 + the signal
         return Result(
             code,
             decode(raw.stdout),
@@ -307,7 +307,12 @@ class BwrapSandbox:
         )
 
     def _limit(
-        self, raw, limits: Limits, group: CallGroup | None, usage: tuple[int, int] | None
+        self,
+        raw,
+        code: int | None,
+        limits: Limits,
+        group: CallGroup | None,
+        usage: tuple[int, int] | None,
     ) -> str | None:
         if raw.timed_out:
             return "wall"
@@ -315,10 +320,8 @@ class BwrapSandbox:
             return raw.stopped
         if group is not None and group.oom_killed():
             return "memory"
-        code = raw.returncode
-        sig = code - 128 if code is not None and code > 128 else None
         cpu = group.cpu_s() if group is not None else None
-        named = limit_from_exit(-sig if sig else code, limits, cpu)
+        named = limit_from_exit(code, limits, cpu)
         if named:
             return named
         if group is not None and group.pids_hit():
@@ -334,6 +337,21 @@ class BwrapSandbox:
         if raw.output_cut:
             return "output"
         return None
+
+
+def _exit_code(code: int | None, cpu_used: float | None, limits: Limits) -> int | None:
+    """The program's exit status: bwrap reports a death by signal N as 128 + N, the number an
+    exit code of 128 + N also gives (``sys.exit(152)`` is not SIGXCPU). Read as a signal
+    unless it cannot have been one: SIGXFSZ (no file-size limit here: the tmpfs caps the bytes)
+    and SIGXCPU where the cgroup counted less CPU than the limit. Other numbers stay ambiguous."""
+    if code is None or not 128 < code <= 128 + 64:
+        return code
+    sig = code - 128
+    if sig == signal.SIGXFSZ:
+        return code
+    if sig == signal.SIGXCPU and cpu_used is not None and cpu_used < limits.cpu_s:
+        return code
+    return -sig
 
 
 def _read_status(path: str) -> tuple[int, int] | None:
