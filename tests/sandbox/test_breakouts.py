@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -31,11 +32,10 @@ import pytest
 from rlvr.sandbox import Limits, get_sandbox
 from sandbox.conftest import available
 
-BWRAP = available("bwrap")
-LANDLOCK = available("landlock")
+# the boxes are asked for in each test: another test's reset_cache() closes the cached ones
 STRONG = [name for name in ("bwrap", "landlock") if available(name) is not None]
-needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bwrap does not run here")
-needs_landlock = pytest.mark.skipif(LANDLOCK is None, reason="landlock does not run here")
+needs_bwrap = pytest.mark.skipif("bwrap" not in STRONG, reason="bwrap does not run here")
+needs_landlock = pytest.mark.skipif("landlock" not in STRONG, reason="landlock does not run here")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -84,10 +84,10 @@ print("done")
 @needs_bwrap
 def test_the_program_cannot_fake_or_stall_the_launchers_status():
     limits = Limits(wall_s=5, cpu_s=5, files=16)
-    r = _run(BWRAP, FAKE_STATUS, limits)
+    r = _run(get_sandbox("bwrap"), FAKE_STATUS, limits)
     assert "wrote to []" in r.stdout, r.stdout  # no descriptor of the launcher's reaches it
     assert r.limit == "files", r  # it did use up its inodes
-    r = _run(BWRAP, STALL_STATUS, limits)
+    r = _run(get_sandbox("bwrap"), STALL_STATUS, limits)
     assert (r.returncode, r.timed_out, r.limit, r.stdout) == (0, False, None, "done\n"), r
 
 
@@ -126,12 +126,12 @@ print("shm KiB", sum(os.path.getsize("/dev/shm/" + n) for n in os.listdir("/dev/
 @needs_bwrap
 def test_writes_outside_the_working_folder_count_against_its_caps():
     limits = Limits(wall_s=5, cpu_s=5, files=32, write_bytes=2 * 2**20)
-    r = _run(BWRAP, OUTSIDE, limits)
+    r = _run(get_sandbox("bwrap"), OUTSIDE, limits)
     assert "WROTE" not in r.stdout, r.stdout  # the root, /dev, /root, /usr are read-only
     made = int(r.stdout.split("shm files")[1])
     assert made < 32, r.stdout  # /dev/shm shares the folder's inode cap (main.py holds one)
     assert r.limit == "files", r
-    r = _run(BWRAP, SHM_BYTES, limits)
+    r = _run(get_sandbox("bwrap"), SHM_BYTES, limits)
     assert int(r.stdout.split("shm KiB")[1]) < 2048, r.stdout  # and its byte cap
     assert r.limit == "write", r
 
@@ -150,7 +150,7 @@ def test_multiprocessing_still_works_under_bwrap():
                 print("locked")
         """
     )
-    r = _run(BWRAP, code, Limits(wall_s=8, cpu_s=8))
+    r = _run(get_sandbox("bwrap"), code, Limits(wall_s=8, cpu_s=8))
     assert r.stdout.split("\n")[:2] == ["[0, 1, 4, 9]", "locked"], r
 
 
@@ -228,7 +228,7 @@ def test_a_killed_trainer_leaves_no_program_running(backend):
 def test_the_next_trainer_ends_what_a_killed_one_left_in_its_cgroups():
     from rlvr.sandbox.cgroup import Cgroups
 
-    if LANDLOCK.inner.cgroups is None:
+    if get_sandbox("landlock").inner.cgroups is None:
         pytest.skip("no writable cgroup here")
     marker = f"rlvr-orphan-{os.urandom(4).hex()}"
     try:
@@ -286,7 +286,7 @@ def test_landlock_cannot_change_modes_or_times_of_files_outside(tmp_path):
     planted.write_text("the trainer's")
     planted.chmod(0o600)
     before = planted.stat()
-    r = LANDLOCK.run(
+    r = get_sandbox("landlock").run(
         ["python3", "main.py", str(planted)], files={"main.py": CHMOD}, limits=Limits(wall_s=5)
     )
     after = planted.stat()
@@ -306,3 +306,29 @@ def test_an_exit_code_is_not_taken_for_a_limit(backend):
     for code in (152, 153):
         r = box.run(["python3", "-c", f"import sys; sys.exit({code})"], limits=Limits(wall_s=5))
         assert (r.returncode, r.limit) == (code, None), r
+
+
+# -- auto falling back past a stronger backend -------------------------------------------------
+
+
+@needs_landlock
+def test_auto_says_why_it_fell_back_to_a_weaker_backend(tmp_path, monkeypatch, caplog):
+    from rlvr.sandbox.bwrap import TOOLS
+    from rlvr.sandbox.select import reset_cache
+
+    path = tmp_path / "bin"  # every tool but bwrap
+    path.mkdir()
+    for tool in [*(t for t in TOOLS if t != "bwrap"), "ldd", "stat", "mkdir", "chown"]:
+        found = shutil.which(tool)
+        if found:
+            (path / tool).symlink_to(found)
+    monkeypatch.setenv("PATH", str(path))
+    reset_cache()
+    try:
+        with caplog.at_level("WARNING", logger="rlvr.sandbox"):
+            assert get_sandbox("auto").name == "landlock"
+        said = " ".join(r.getMessage() for r in caplog.records)
+        assert "bwrap" in said and "not on PATH: bwrap" in said, said
+    finally:
+        monkeypatch.undo()
+        reset_cache()
