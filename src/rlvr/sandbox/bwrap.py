@@ -155,9 +155,8 @@ class BwrapSandbox:
             opts += f",uid={NOBODY},gid={NOBODY}"
         mnt = shlex.quote(self.mnt)
         lines.append(f"mount -t tmpfs -o {opts},nosuid,nodev rlvr-box {mnt} || exit 125")
-        lines.append(f"mkdir -m 0700 {mnt}/box {mnt}/shm || exit 125")
-        if self.root:
-            lines.append(f"chown {NOBODY}:{NOBODY} {mnt}/box {mnt}/shm || exit 125")
+        # world-writable and sticky like /tmp (no chown to the program's uid: one process less)
+        lines.append(f"mkdir -m 1777 {mnt}/box {mnt}/shm || exit 125")
         for host, staged in self._staged:
             lines.append(
                 f"mount --bind -o ro {shlex.quote(host)} {shlex.quote(staged)} || exit 125"
