@@ -8,7 +8,7 @@ One call, as launched (as root; the non-root chain is below):
       capped in bytes (write_bytes) and inodes (files); bind the interpreter's folders that
       uid 65534 cannot reach (/root/.pyenv...) under a staging folder, read-only; then
     exec setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all --no-new-privs
-    prlimit --cpu --fsize --core=0 [--as --nproc without a cgroup]
+    prlimit --cpu --core=0 [--as --nproc without a cgroup]
     bwrap --unshare-all --disable-userns --die-with-parent --new-session --uid 65534 ...
           --clearenv --seccomp FD --ro-bind <what python3 needs> --bind <tmpfs> /box
           --proc /proc --dev /dev --chdir /box  python3 -E -s -S ...
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import os
 import shlex
 import shutil
@@ -48,6 +49,7 @@ from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
 BOX = "/box"  # the working folder inside
 NOBODY = 65534
 TOOLS = ("bwrap", "unshare", "setpriv", "prlimit", "mount", "sh")
+_calls = itertools.count()  # names each call's status file
 
 
 class BwrapSandbox:
@@ -137,31 +139,38 @@ class BwrapSandbox:
             args += ["--tmpfs", hidden, "--remount-ro", hidden]
         for target, link in s.symlinks:
             args += ["--symlink", target, link]
-        args += ["--proc", "/proc", "--dev", "/dev", "--bind", self.mnt, BOX, "--chdir", BOX]
+        # the capped tmpfs holds the working folder and /dev/shm (POSIX semaphores:
+        # multiprocessing), so every byte and inode the program can write counts against its caps
+        args += ["--proc", "/proc", "--dev", "/dev", "--bind", os.path.join(self.mnt, "shm")]
+        args += ["/dev/shm", "--bind", os.path.join(self.mnt, "box"), BOX, "--chdir", BOX]
         for k, v in program_env(BOX).items():
             args += ["--setenv", k, v]
         return args
 
-    def _script(self, group: CallGroup | None, limits: Limits, status_fd: int | None) -> str:
+    def _script(self, group: CallGroup | None, limits: Limits, status: str | None) -> str:
         lines = [f"echo $$ > {shlex.quote(p)} || exit 125" for p in (group.join if group else [])]
-        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 1},mode=0700,noexec"
+        # inodes: the files, and the tmpfs's root and its two folders (box, shm)
+        opts = f"size={limits.write_bytes},nr_inodes={limits.files + 3},mode=0700,noexec"
         if self.root:
             opts += f",uid={NOBODY},gid={NOBODY}"
-        lines.append(
-            f"mount -t tmpfs -o {opts},nosuid,nodev rlvr-box {shlex.quote(self.mnt)} || exit 125"
-        )
+        mnt = shlex.quote(self.mnt)
+        lines.append(f"mount -t tmpfs -o {opts},nosuid,nodev rlvr-box {mnt} || exit 125")
+        # world-writable and sticky like /tmp (no chown to the program's uid: one process less)
+        lines.append(f"mkdir -m 1777 {mnt}/box {mnt}/shm || exit 125")
         for host, staged in self._staged:
             lines.append(
                 f"mount --bind -o ro {shlex.quote(host)} {shlex.quote(staged)} || exit 125"
             )
-        if status_fd is None:
+        if status is None:
             lines.append('exec "$@"')
         else:  # stay (outside the sandbox's namespaces) to report the folder's use after the program
+            # into a host file the program cannot see (not an inherited descriptor: bwrap passes
+            # every open one on to the program, which could write a false report or block this)
             mnt = shlex.quote(self.mnt)
             lines += [
                 '"$@"',
                 "rc=$?",
-                f"stat -f -c '%c %d %b %f %S' {mnt} > /proc/self/fd/{status_fd}",
+                f"stat -f -c '%c %d %b %f %S' {mnt} > {shlex.quote(status)}",
                 "exit $rc",
             ]
         return "\n".join(lines)
@@ -172,7 +181,7 @@ class BwrapSandbox:
         fds: dict[str, int],
         limits: Limits,
         group: CallGroup | None,
-        status_fd: int | None = None,
+        status: str | None = None,
     ) -> list[str]:
         t = self.tools
         if self.root:
@@ -192,6 +201,8 @@ class BwrapSandbox:
             ns.append("--")
             drop = []
         rl = prlimit_argv(limits, processes=group is None)
+        # no file-size limit: the tmpfs caps the bytes (and a SIGXFSZ would look like exit(153))
+        rl = [a for a in rl if not a.startswith("--fsize=")]
         if group is not None:  # the cgroup holds memory over the tree; leave address space alone
             rl = [a for a in rl if not a.startswith("--as=")]
         rl[0] = t["prlimit"]
@@ -205,11 +216,18 @@ class BwrapSandbox:
                     made.add(d)
                     per_call += ["--dir", f"{BOX}/{d}"]
             per_call += ["--file", str(fd), f"{BOX}/{name}"]
+        # last: bwrap's root and /dev tmpfs read-only (else writable outside every cap)
+        per_call += ["--remount-ro", "/dev", "--remount-ro", "/"]
+        # the launcher dies with the trainer (SIGKILL, an OOM kill, a crash): bwrap's
+        # --die-with-parent then takes the program's pid namespace down with it
         return [
+            t["setpriv"],
+            "--pdeathsig=KILL",
+            "--",
             *ns,
             t["sh"],
             "-c",
-            self._script(group, limits, status_fd),
+            self._script(group, limits, status),
             "rlvr-sandbox",
             *drop,
             *rl,
@@ -235,18 +253,16 @@ class BwrapSandbox:
             raise ValueError(f"{len(contents)} files given, over Limits.files={limits.files}")
         fds: dict[str, int] = {}
         group = None
-        status_r = status_w = None
+        status = os.path.join(self.home, f"status-{next(_calls)}")
         try:
             fds["__seccomp__"] = _memfd("seccomp", self.seccomp)
             for name, data in contents.items():
                 fds[name] = _memfd("file", data)
             passed = list(fds.values())
-            status_r, status_w = os.pipe()
-            passed.append(status_w)
             if self.cgroups is not None:
                 # + bwrap and its pid-1: the program's own processes get `processes`
                 group = self.cgroups.new_call(limits.memory_mb * 2**20, limits.processes + 2)
-            cmd = self.command(argv, dict(fds), limits, group, status_w)
+            cmd = self.command(argv, dict(fds), limits, group, status)
             cpu_s = limits.cpu_s
 
             def watch() -> str | None:
@@ -268,22 +284,17 @@ class BwrapSandbox:
                 kill=kill,
                 watch=watch,
             )
-            usage = None
-            if status_w is not None:
-                os.close(status_w)
-                status_w = None
-                usage = _read_status(status_r)
-            limit = self._limit(raw, limits, group, usage)
+            usage = _read_status(status)
+            code = _exit_code(raw.returncode, group.cpu_s() if group is not None else None, limits)
+            limit = self._limit(raw, code, limits, group, usage)
         finally:
-            for fd in [*fds.values(), status_r, status_w]:
-                if fd is not None:
-                    os.close(fd)
+            for fd in fds.values():
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(status)
             if group is not None:
                 group.kill_all()
                 group.remove()
-        code = raw.returncode
-        if code is not None and 128 < code <= 128 + 64:
-            code = -(code - 128)  # bwrap reports a signal death as 128 + the signal
         return Result(
             code,
             decode(raw.stdout),
@@ -295,7 +306,12 @@ class BwrapSandbox:
         )
 
     def _limit(
-        self, raw, limits: Limits, group: CallGroup | None, usage: tuple[int, int] | None
+        self,
+        raw,
+        code: int | None,
+        limits: Limits,
+        group: CallGroup | None,
+        usage: tuple[int, int] | None,
     ) -> str | None:
         if raw.timed_out:
             return "wall"
@@ -303,10 +319,8 @@ class BwrapSandbox:
             return raw.stopped
         if group is not None and group.oom_killed():
             return "memory"
-        code = raw.returncode
-        sig = code - 128 if code is not None and code > 128 else None
         cpu = group.cpu_s() if group is not None else None
-        named = limit_from_exit(-sig if sig else code, limits, cpu)
+        named = limit_from_exit(code, limits, cpu)
         if named:
             return named
         if group is not None and group.pids_hit():
@@ -324,12 +338,26 @@ class BwrapSandbox:
         return None
 
 
-def _read_status(fd: int) -> tuple[int, int] | None:
+def _exit_code(code: int | None, cpu_used: float | None, limits: Limits) -> int | None:
+    """The program's exit status: bwrap reports a death by signal N as 128 + N, the number an
+    exit code of 128 + N also gives (``sys.exit(152)`` is not SIGXCPU). Read as a signal
+    unless it cannot have been one: SIGXFSZ (no file-size limit here: the tmpfs caps the bytes)
+    and SIGXCPU where the cgroup counted less CPU than the limit. Other numbers stay ambiguous."""
+    if code is None or not 128 < code <= 128 + 64:
+        return code
+    sig = code - 128
+    if sig == signal.SIGXFSZ:
+        return code
+    if sig == signal.SIGXCPU and cpu_used is not None and cpu_used < limits.cpu_s:
+        return code
+    return -sig
+
+
+def _read_status(path: str) -> tuple[int, int] | None:
     """(free inodes, free bytes) of the working folder, as the launcher saw them at the end."""
     data = b""
-    os.set_blocking(fd, False)
-    with contextlib.suppress(BlockingIOError, OSError):
-        data = os.read(fd, 256)
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        data = f.read(256)
     try:
         _, free_inodes, _, free_blocks, block = (int(x) for x in data.split())
     except ValueError:

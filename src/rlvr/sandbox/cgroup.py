@@ -3,8 +3,8 @@ call's whole process tree, a cap on its processes (threads count), its CPU time 
 
 cgroup v1 (a folder per controller: memory, pids, cpuacct) and v2 (one unified folder) are both
 handled. The call's groups live under the trainer's own groups, in ``rlvr-sandbox-<pid>``, and
-are removed after the call; a crashed trainer's leftovers are removed by the next one that
-finds them empty. The launcher shell joins the groups (writes its pid to each ``cgroup.procs``)
+are removed after the call; what a killed trainer's calls left (processes included) is ended and
+removed by the next trainer that starts there. The launcher shell joins the groups (writes its pid to each ``cgroup.procs``)
 before it execs anything of the program, so every process of the call starts inside.
 """
 
@@ -155,7 +155,9 @@ class Cgroups:
         unified = os.path.join(ROOT, "cgroup.controllers")
         tag = f"rlvr-sandbox-{os.getpid()}"
         if os.path.exists(unified):  # v2 only
-            base = os.path.join(ROOT, own.get("", "/").lstrip("/"), tag)
+            parent = os.path.join(ROOT, own.get("", "/").lstrip("/"))
+            _sweep(parent, v2=True)
+            base = os.path.join(parent, tag)
             with contextlib.suppress(OSError):
                 with open(unified) as f:
                     have = f.read().split()
@@ -225,8 +227,10 @@ def _remove(folders) -> None:
             os.rmdir(d)
 
 
-def _sweep(parent: str) -> None:
-    """Remove the empty groups of trainers that are gone."""
+def _sweep(parent: str, v2: bool = False) -> None:
+    """End what the calls of trainers that are gone left running (a trainer killed mid-call:
+    a program's child in a session of its own outlives it where no pid namespace holds it),
+    then remove their groups."""
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
             if not name.startswith("rlvr-sandbox-"):
@@ -236,8 +240,10 @@ def _sweep(parent: str) -> None:
                 continue
             base = os.path.join(parent, name)
             for sub in os.listdir(base):
-                if os.path.isdir(os.path.join(base, sub)):
-                    with contextlib.suppress(OSError):
-                        os.rmdir(os.path.join(base, sub))
+                d = os.path.join(base, sub)
+                if os.path.isdir(d):
+                    group = CallGroup({"memory": d, "pids": d, "cpu": d}, v2)
+                    group.kill_all(timeout_s=2.0)
+                    group.remove()
             with contextlib.suppress(OSError):
                 os.rmdir(base)

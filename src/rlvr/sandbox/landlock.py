@@ -118,7 +118,9 @@ class LandlockSandbox:
             reachable_by_others(p if os.path.isfile(p) else p + "/.")
             for p in [*s.read_dirs, *s.read_files]
         )
-        self.seccomp = bpf(allow_inet=False, allow_unix=False)
+        # a uid that owns host files (0 without capabilities, or the user's own) could chmod or
+        # re-date any of them: Landlock does not cover chmod/chown/utime
+        self.seccomp = bpf(allow_inet=False, allow_unix=False, deny_owner_calls=not self.drop_uid)
         self.cgroups = Cgroups.find()
         self.home = tempfile.mkdtemp(prefix="rlvr-landlock-")
         atexit.register(shutil.rmtree, self.home, True)
@@ -158,10 +160,14 @@ class LandlockSandbox:
         t = self.tools
         lines = [f"echo $$ > {p} || exit 125" for p in (group.join if group else [])]
         lines.append('exec "$@"')
-        drop = []
+        # the program dies with the trainer (setpriv sets the signal after changing the uid,
+        # which would clear it); a child it puts in a session of its own is left to the cgroup's
+        # sweep by the next trainer (rlvr.sandbox.cgroup)
+        drop = [t["setpriv"], "--pdeathsig=KILL", "--"]
         if self.root and not self.drop_uid:
             drop = [
                 t["setpriv"],
+                "--pdeathsig=KILL",
                 "--inh-caps=-all",
                 "--ambient-caps=-all",
                 "--bounding-set=-all",
@@ -172,6 +178,7 @@ class LandlockSandbox:
         elif self.root:
             drop = [
                 t["setpriv"],
+                "--pdeathsig=KILL",
                 f"--reuid={NOBODY}",
                 f"--regid={NOBODY}",
                 "--clear-groups",

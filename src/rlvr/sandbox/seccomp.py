@@ -9,7 +9,8 @@ refused, and ``clone3`` answers ENOSYS (its flags sit in memory a filter cannot 
 falls back to ``clone``, whose flags it can. Socket families other than AF_UNIX (and, where a
 network namespace already isolates, AF_INET/AF_INET6) are refused. Calls of another
 architecture's ABI (i386 ``int 0x80`` on x86-64) kill the process: libseccomp's default for an
-architecture the filter does not name.
+architecture the filter does not name. Calls newer than libseccomp's table answer ENOSYS (a
+default-allow filter would let them through unnamed).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import errno
 import functools
 import socket
+import struct
 import tempfile
 
 DENY = (
@@ -32,6 +34,26 @@ DENY = (
     "lookup_dcookie", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "iopl", "ioperm", "vhangup", "uselib", "ustat", "sysfs", "_sysctl", "personality",
     "mbind", "migrate_pages", "move_pages", "set_mempolicy", "nfsservctl",
+    # newer than libseccomp 2.5 (refused by the cut-off below where it cannot name them)
+    "setxattrat", "removexattrat", "open_tree_attr", "file_setattr", "listmount", "statmount",
+)  # fmt: skip
+# What an owner may do to a file without opening it, and Landlock does not cover: a program whose
+# uid owns files outside its folder (the landlock backend as uid 0 without capabilities, or as the
+# trainer's own user) could chmod them (a setuid bit on a root-owned binary included) or re-date them.
+OWNER_CALLS = (
+    "chmod", "fchmod", "fchmodat", "fchmodat2", "chown", "fchown", "lchown", "fchownat",
+    "utime", "utimes", "utimensat", "futimesat",
+)  # fmt: skip
+# System calls of the last kernels, oldest first: the newest of them that libseccomp knows is
+# where the filter's knowledge ends (names it does not know resolve to a negative number).
+RECENT = (
+    "clone3", "close_range", "openat2", "pidfd_getfd", "faccessat2", "process_madvise",
+    "epoll_pwait2", "mount_setattr", "quotactl_fd", "landlock_create_ruleset",
+    "landlock_add_rule", "landlock_restrict_self", "memfd_secret", "process_mrelease",
+    "futex_waitv", "set_mempolicy_home_node", "cachestat", "fchmodat2", "map_shadow_stack",
+    "futex_wake", "futex_wait", "futex_requeue", "statmount", "listmount", "lsm_get_self_attr",
+    "lsm_set_self_attr", "lsm_list_modules", "mseal", "setxattrat", "getxattrat",
+    "listxattrat", "removexattrat", "open_tree_attr", "file_getattr", "file_setattr",
 )  # fmt: skip
 CLONE_NS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 CLONE_NEWTIME = 0x00000080
@@ -39,16 +61,17 @@ TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 
 
 @functools.cache
-def bpf(allow_inet: bool, allow_unix: bool = True) -> bytes:
+def bpf(allow_inet: bool, allow_unix: bool = True, deny_owner_calls: bool = False) -> bytes:
     """The filter as a BPF program (``struct sock_filter[]``), for bwrap's ``--seccomp FD`` or
     ``prctl(PR_SET_SECCOMP)``; ``allow_inet``: AF_INET/AF_INET6 sockets allowed (only where a
     network namespace holds the program); ``allow_unix``: AF_UNIX sockets (where no network
-    namespace hides the trainer's: with False only ``socketpair`` makes them)."""
+    namespace hides the trainer's: with False only ``socketpair`` makes them);
+    ``deny_owner_calls``: EPERM for `OWNER_CALLS` (where the program's uid owns host files)."""
     import pyseccomp as sc
 
     f = sc.SyscallFilter(defaction=sc.ALLOW)
     eperm = sc.ERRNO(errno.EPERM)
-    for name in DENY:
+    for name in DENY + (OWNER_CALLS if deny_owner_calls else ()):
         try:
             f.add_rule(eperm, name)
         except OSError:  # a call this kernel/libseccomp does not know
@@ -67,4 +90,26 @@ def bpf(allow_inet: bool, allow_unix: bool = True) -> bytes:
     with tempfile.TemporaryFile() as out:
         f.export_bpf(out)
         out.seek(0)
-        return out.read()
+        return _newer_calls_refused(sc, out.read())
+
+
+def _newer_calls_refused(sc, program: bytes) -> bytes:
+    """``program`` behind a check that answers ENOSYS for every system call newer than the
+    libseccomp that compiled it: a default-allow filter lets through what it cannot name (the
+    kernel keeps adding calls: ``setxattrat`` writes the xattrs ``setxattr`` is refused,
+    ``listmount``/``statmount`` list mounts), and ENOSYS is what a program would see on an older
+    kernel. x32 numbers (bit 30) are left to libseccomp, which kills them."""
+    arch = sc.system_arch()
+    # by name: pyseccomp's number-to-name lookup frees libseccomp's string with its own libc
+    # handle, which aborted a trainer process ("free(): invalid pointer")
+    newest = max(sc.resolve_syscall(arch, name) for name in RECENT)
+    ld, jeq, jge, jgt, ret = 0x20, 0x15, 0x35, 0x25, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, ..., RET|K
+    head = [
+        (ld, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, 4, arch),  # another ABI: to libseccomp's program (it kills)
+        (ld, 0, 0, 0),  # seccomp_data.nr
+        (jge, 2, 0, 0x40000000),  # x32: to libseccomp's program
+        (jgt, 0, 1, newest),
+        (ret, 0, 0, 0x00050000 | errno.ENOSYS),  # SECCOMP_RET_ERRNO
+    ]
+    return b"".join(struct.pack("=HBBI", *insn) for insn in head) + program

@@ -151,6 +151,13 @@ def _build(backend: str) -> Sandbox:
             box = _cache[name].inner if name in _cache else _probe_local(name)
             if not isinstance(box, str):
                 _cache[name] = Bounded(box)
+                if tried:  # a weaker backend than this machine may be meant to have: say why
+                    log.warning(
+                        "sandbox.backend=%s: using %s; stronger backends do not run here: %s",
+                        backend,
+                        name,
+                        "; ".join(f"{n}: {why}" for n, why in tried.items()),
+                    )
                 return box
             tried[name] = box
         raise _unavailable(tried, backend)

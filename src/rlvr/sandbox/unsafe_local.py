@@ -43,12 +43,14 @@ def prlimit_argv(limits: Limits, *, processes: bool) -> list[str]:
 
 
 def limit_from_exit(returncode: int | None, limits: Limits, cpu_used: float | None) -> str | None:
-    """The limit a signal death points at: SIGXCPU (CPU), SIGXFSZ (a file over write_bytes)."""
+    """The limit a signal death points at: SIGXCPU (CPU), SIGXFSZ (a file over write_bytes).
+    ``returncode`` is the program's own status, a signal death negative: an exit code of
+    152 or 153 is the program's to choose and names no limit."""
     if returncode is None:
         return None
-    if returncode in (-24, 128 + 24) or (cpu_used is not None and cpu_used >= limits.cpu_s):
+    if returncode == -24 or (cpu_used is not None and cpu_used >= limits.cpu_s):
         return "cpu"
-    if returncode in (-25, 128 + 25):
+    if returncode == -25:
         return "write"
     return None
 
