@@ -71,10 +71,10 @@ def test_a_bare_sampling_mode_takes_the_seed_defaults() -> None:
         ("eval.sets=[{name: probe, pth: x.jsonl}]", "unknown key 'pth'; did you mean 'path'?"),
         ("eval.modes=[{kind: greedy, k: 8}]", "use kind: sampling for k samples"),
         ("eval.modes=[greedy, greedy]", "one mode per kind"),
-        ("eval.modes=[{kind: beam}]", "eval.modes.0.kind"),
+        ("eval.modes=[{kind: beam}]", "eval.modes[0].kind"),
         ("eval.sets=[{name: heldout, modes: [sampling]}]", "are not in eval.modes"),
         ("eval.sets=[{name: heldout}, {name: heldout}]", "repeated: ['heldout']"),
-        ("eval.sets=[{name: a/b, path: x.jsonl}]", "eval.sets.0.name"),
+        ("eval.sets=[{name: a/b, path: x.jsonl}]", "eval.sets[0].name"),
         ("eval.early_stop.patience=0", "eval.early_stop.patience"),
     ],
 )

@@ -440,8 +440,11 @@ def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
     """``[P, G]``: each sequence's summed per-token KL estimate ``kind`` of the sampling policy
     against the reference (the penalty ``algo.kl_mode=reward`` subtracts, times the coefficient)."""
     out = torch.zeros(batch.size)
-    masks = batch.loss_masks  # an episode's environment tokens carry no KL
+    # an episode's environment tokens carry no KL; single-turn replies are the model's alone
+    episodes = any(c.loss_mask is not None for c in batch.completions)
+    masks = batch.loss_masks if episodes else None
     for i, (lp, ref) in enumerate(zip(batch.old_logp, batch.ref_logp, strict=True)):
         if len(lp):
-            out[i] = (kl_estimate(lp.float(), ref.float(), kind) * masks[i][: len(lp)]).sum()
+            kl = kl_estimate(lp.float(), ref.float(), kind)
+            out[i] = (kl * masks[i] if masks is not None else kl).sum()
     return out.view(-1, batch.group_size)
