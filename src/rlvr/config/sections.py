@@ -150,9 +150,9 @@ class RolloutConfig(Section):
         description="k: the batches of the next k steps are requested before this step's update "
         "(generated alongside the trainer in rollout.mode=server, in order in the trainer's "
         "thread otherwise), each at most k versions old when trained; an older batch is dropped "
-        "and regenerated (docs/rollout.md). Pair with algo.rollout_correction (vLLM's default: "
-        "token truncation). "
-        "0: on-policy.",
+        "and regenerated (docs/rollout.md). k > 0 needs a behaviour correction: token truncation "
+        "(cap 2) where algo.rollout_correction.level and algo.tis_cap are unset; refused with "
+        "the correction off or an objective that takes none. 0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(

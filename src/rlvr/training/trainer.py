@@ -47,6 +47,7 @@ from rlvr.training.loop import (
 )
 from rlvr.training.memory import GIB, MemoryMeter, compare
 from rlvr.training.preempt import Preempted, StopSignals
+from rlvr.training.preflight.checks import correction_off_hint
 from rlvr.training.setup import Run, setup_run
 from rlvr.training.step import Step
 
@@ -288,14 +289,9 @@ class Trainer:
             if (rc := cfg.algo.correction()) is not None:
                 bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
                 how = bounds if rc.action == "mask" else f"weights capped at {rc.cap:g}"
-                off = (
-                    "algo.tis_cap=null"
-                    if cfg.algo.tis_cap is not None
-                    else "algo.rollout_correction.level=off"
-                )
                 print(
                     f"[rlvr] rollout correction: {rc.level} {rc.action}, {how} "
-                    f"({off} turns it off; docs/rollout.md)",
+                    f"({correction_off_hint(cfg)}; docs/rollout.md)",
                     flush=True,
                 )
         return {
