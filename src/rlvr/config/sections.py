@@ -275,10 +275,16 @@ class Config(Section):
         return with_task_defaults(data)
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def episodes(self) -> bool:
+        """Whether rollouts are multi-turn episodes (``env.name`` set): the one place every
+        consumer asks."""
+        return bool(self.env.name)
+
     def completion_tokens(self) -> int:
         """Most tokens after the prompt in one sequence: a reply (rollout.max_new_tokens) or,
         with env.name set, a whole episode (rollout.max_episode_tokens)."""
-        if self.env.name:
+        if self.episodes:
             return self.rollout.max_episode_tokens
         return self.rollout.max_new_tokens
 
@@ -304,7 +310,7 @@ class Config(Section):
             return []
         need = self.data.max_prompt_tokens + self.completion_tokens()
         if need > context_length:
-            knob = "rollout.max_episode_tokens" if self.env.name else "rollout.max_new_tokens"
+            knob = "rollout.max_episode_tokens" if self.episodes else "rollout.max_new_tokens"
             return [
                 f"data.max_prompt_tokens + {knob} = {need} exceeds the model context "
                 f"({context_length} tokens)"

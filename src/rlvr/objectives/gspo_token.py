@@ -38,7 +38,7 @@ class GSPOToken(GSPO):
             )
         else:
             out.extend(OBJECTIVES[source].check(cfg))
-            if cfg.env.name and not OBJECTIVES[source].takes_episodes(cfg):
+            if cfg.episodes and not OBJECTIVES[source].takes_episodes(cfg):
                 out.append(
                     f"algo.gspo_token.advantages={source} with env.name: its PRM would score "
                     "whole episodes, tool output included; use grpo, drgrpo or rloo"

@@ -263,7 +263,7 @@ class EpisodeRunner:
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:
-        if not cfg.env.name:
+        if not cfg.episodes:
             return None
         from rlvr.envs.registry import env_factory
 
@@ -273,6 +273,30 @@ class EpisodeRunner:
         )
         renderer = TurnRenderer(cfg.data.template, tokenizer, cfg.data.system_prompt)
         return cls(env_factory(e.name, e.kwargs), renderer, limits)
+
+    def first_prompts(self, rows: list[dict], at_once: int = 64) -> list[str | None]:
+        """The text each row's episodes start from, as `run_episodes` renders it: a fresh
+        environment's ``reset(row)`` (under env.timeout_s, ``at_once`` rows at a time), closed
+        at once, so checking a row leaves nothing running. None where the environment could not
+        be built or reset: those episodes fail, contained, when they run."""
+
+        def first(row: dict) -> Callable[[], str]:
+            def call() -> str:
+                env = self.make_env()
+                try:
+                    prompt = _bound(env, "reset", row)()
+                finally:
+                    _bound(env, "close")()
+                return self.renderer.prompt_text(prompt, row.get("system_prompt"))
+
+            return call
+
+        out: list[str | None] = []
+        for start in range(0, len(rows), at_once):
+            part = rows[start : start + at_once]
+            for o in call_all([first(r) for r in part], self.limits.timeout_s):
+                out.append(o.value if o.ok else None)
+        return out
 
     def run(self, engine, rows: list[dict], params: SamplingParams):
         """``params.n`` episodes per row: (prompt texts, prompt ids, groups)."""

@@ -155,7 +155,7 @@ def config_problems(cfg: Config) -> list[str]:
 
 def _env_problems(cfg: Config, objective) -> list[str]:
     """env.name: the class must import, and the objective must take episodes."""
-    if not cfg.env.name:
+    if not cfg.episodes:
         return []
     out = []
     if objective is not None and not objective.takes_episodes(cfg):
@@ -202,7 +202,7 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
         )
     if cfg.rollout.mode == "server":
         out.append("rollout.mode=server runs with one trainer process for now")
-    if cfg.env.name and cfg.train.parallel == "fsdp2":
+    if cfg.episodes and cfg.train.parallel == "fsdp2":
         out.append(
             "env.name with train.parallel=fsdp2 under several processes: not supported yet "
             "(FSDP2 ranks decode in lockstep, and episodes end after different turns on each "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
-from rlvr.data.multimodal import has_images, prompt_token_counts, render_inputs
+from rlvr.data.multimodal import has_images, render_inputs
 from rlvr.data.records import DataError
 from rlvr.data.rows import load_rows_for
 from rlvr.data.templates import render_prompt, render_rows
@@ -24,7 +24,9 @@ from rlvr.model.loading import (
     resolve_model_path,
 )
 from rlvr.model.vlm import is_vlm, load_processor
+from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.preflight.checks import config_problems
+from rlvr.training.preflight.prompts import prompt_lengths, too_long
 from rlvr.training.schedule import format_preflight, run_preflight
 
 
@@ -76,6 +78,17 @@ def _load_tokenizer(cfg: Config, unchecked: list[str]):
         return None, None
 
 
+def _example(cfg: Config, tokenizer, row: dict, processor) -> str:
+    """The text the run sends for ``row``: its episodes' first prompt (env.reset), else the
+    rendered prompt."""
+    if cfg.episodes:
+        runner = EpisodeRunner.from_config(cfg, tokenizer)
+        [text] = runner.first_prompts([row])
+        return text if text is not None else runner.renderer.prompt_text(str(row["prompt"]))
+    d = cfg.data
+    return render_inputs([row], d.template, tokenizer, d.system_prompt, processor)[0][0]
+
+
 def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
     """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
 
@@ -103,23 +116,19 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
         else:
             sample = train[:max_token_rows]
             processor = _processor(path, sample)
-            try:  # image rows: their image tokens count too
-                texts, _, _ = render_inputs(
-                    sample[:1], d.template, tokenizer, d.system_prompt, processor
-                )
-                lengths = prompt_token_counts(
-                    sample, d.template, tokenizer, d.system_prompt, processor
-                )
+            try:  # image rows: their image tokens count too; episodes: env.reset's prompt
+                lengths = prompt_lengths(cfg, tokenizer, sample, processor)
+                example = _example(cfg, tokenizer, sample[0], processor)
             except ValueError as exc:  # image rows for a text model, or without the chat template
                 problems.append(f"data.task={d.task}: {exc}")
                 texts, ids = render_rows(sample, d.template, tokenizer, d.system_prompt)
-                lengths = [len(x) for x in ids]
-            example, example_tokens = texts[0], lengths[0]
+                example, lengths = texts[0], [len(x) for x in ids]
+            example_tokens = lengths[0]
             longest = max(lengths)
-            if longest > d.max_prompt_tokens:
+            if (row := too_long(cfg, sample, lengths, "train")) is not None:
                 problems.append(
                     f"data.max_prompt_tokens={d.max_prompt_tokens}: the longest of the first "
-                    f"{len(sample)} train prompts has {longest} tokens"
+                    f"{len(sample)} train prompts has {longest} tokens (the first over it: {row})"
                 )
             if len(train) > len(sample):
                 unchecked.append(
