@@ -128,3 +128,55 @@ def test_messages_prompt_and_bad_prompts():
         renderer.prompt_text([{"content": "x"}])
     with pytest.raises(ValueError, match="data.template='r1'"):
         TurnRenderer("r1", tok)
+
+
+def test_plain_messages_render_as_the_plain_environment_turns():
+    """data.template=none: a messages prompt (the calc_tool worked example) is the same plain
+    dialogue the environment turns continue: each turn labelled, the last one the cue
+    "Assistant:" the model answers after. So a prompt, a model turn and an environment turn
+    read exactly as the prompt of the longer conversation would."""
+    from rlvr.envs.calculator import CalculatorEnv
+
+    tok = bpe_tokenizer(CHATML)
+    renderer = TurnRenderer("none", tok)
+    prompt = CalculatorEnv(instructions=False, few_shot=1).reset({"prompt": "What is 994 * 48?"})
+    assert renderer.prompt_text(prompt) == (
+        "User: What is 12 * 34?\n\nAssistant: <calc>12 * 34</calc>\n\n"
+        "User: <result>408</result>\n\nAssistant: The answer is 408.\n\n"
+        "User: What is 994 * 48?\n\nAssistant:"
+    )
+    reply, obs = "<calc>994 * 48</calc>", "<result>47712</result>"
+    longer = [*prompt, {"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
+    episode = (
+        renderer.prompt_text(prompt) + " " + reply + renderer.env_turn_text(obs, "user", False)
+    )
+    assert episode == renderer.prompt_text(longer)
+    # a system prompt opens it unlabelled, as the single-turn template writes it
+    with_system = renderer.prompt_text(
+        [{"role": "user", "content": "q"}], system_prompt="Be brief."
+    )
+    assert with_system == "Be brief.\n\nUser: q\n\nAssistant:"
+
+
+def test_episodes_warn_once_when_the_template_rewrites_earlier_turns(tiny_tokenizer, capsys):
+    """A template that rewrites past turns (here: it drops earlier <think> reasoning) trains on
+    contexts inference never shows: the first episodes of a run say so, once; a prefix-stable
+    template says nothing."""
+    from test_episodes import LIMITS, Echo, ScriptedEngine
+
+    from rlvr.rollout.base import SamplingParams
+    from rlvr.rollout.episodes import run_episodes
+
+    tok = bpe_tokenizer(STRIPS_THINKING)
+    renderer = TurnRenderer("chat", tok)
+    params = SamplingParams(n=1, max_new_tokens=8)
+    for _ in range(2):
+        run_episodes(
+            ScriptedEngine(tok, ["a", "b"]), renderer, Echo, [{"prompt": "q"}], params, LIMITS
+        )
+    err = capsys.readouterr().err
+    assert err.count("rewrites earlier turns") == 1
+    assert "data.template=chat" in err
+    stable = TurnRenderer("chat", bpe_tokenizer(CHATML))
+    run_episodes(ScriptedEngine(tok, ["a", "b"]), stable, Echo, [{"prompt": "q"}], params, LIMITS)
+    assert "rewrites earlier turns" not in capsys.readouterr().err

@@ -24,6 +24,28 @@ QWEN_MATH_TEMPLATE = (
 )
 
 
+# data.template=none as a dialogue (the prompts and turns of episodes, rlvr.envs.turns): each
+# message a paragraph labelled "User:" or "Assistant:" (a system message unlabelled, first, as
+# the single-turn template writes it), ending with the cue the model answers after. An
+# environment turn continues the same dialogue (PLAIN_TURN), so a prompt, the model's turn and
+# the environment's read as the prompt of the longer conversation.
+PLAIN_SEP = "\n\n"
+PLAIN_CUE = "Assistant:"
+PLAIN_TURN = PLAIN_SEP + "User: {observation}" + PLAIN_SEP + PLAIN_CUE
+
+
+def render_plain_messages(messages: list[dict]) -> str:
+    """``messages`` (``[{"role", "content"}, ...]``) as the plain dialogue of data.template=none,
+    ending with the cue of the model's turn."""
+    parts = [
+        m["content"]
+        if m["role"] == "system"
+        else f"{'Assistant' if m['role'] == 'assistant' else 'User'}: {m['content']}"
+        for m in messages
+    ]
+    return PLAIN_SEP.join([*parts, PLAIN_CUE])
+
+
 def render_prompt(
     template: str, question: str, tokenizer=None, system_prompt: str | None = None
 ) -> str:

@@ -14,7 +14,8 @@ EOS already closed the turn). Templates (``data.template``):
 
 - ``chat``: the tokenizer's own chat template;
 - ``qwen_math``: ChatML written out, as its prompt is (``data/templates.py``);
-- ``none``: plain text, ``"\\n\\nUser: {observation}\\n\\nAssistant:"`` (no template to follow).
+- ``none``: plain text, ``"\\n\\nUser: {observation}\\n\\nAssistant:"`` (no template to follow);
+  a messages prompt is the same dialogue (``data.templates.render_plain_messages``).
 
 Known differences from ``apply_chat_template`` of the same messages (tested in
 tests/envs/test_turns.py): the template's text after the last assistant turn's EOS (ChatML's
@@ -25,11 +26,12 @@ than the model produced them: the episode keeps the model's tokens (``prefix_sta
 
 from __future__ import annotations
 
-from rlvr.data.templates import render_prompt
+import sys
+
+from rlvr.data.templates import PLAIN_TURN, render_plain_messages, render_prompt
 
 _S1, _S2, _U = "\x00RLVR_MODEL\x00", "\x00RLVR_OBS\x00", "\x00RLVR_USER\x00"
 CHATML_TURN = "<|im_end|>\n<|im_start|>{role}\n{observation}<|im_end|>\n<|im_start|>assistant\n"
-PLAIN_TURN = "\n\nUser: {observation}\n\nAssistant:"
 TEMPLATES = ("chat", "qwen_math", "none")
 
 
@@ -50,6 +52,7 @@ class TurnRenderer:
         self.eos_id = eos
         self.eos_text = tokenizer.convert_ids_to_tokens(eos) if eos is not None else None
         self._separators: dict[str, tuple[str, str]] = {}
+        self._checked: set[str] = set()  # roles whose prefix stability was checked
 
     # ------------------------------------------------------------------ prompts
     def prompt_text(self, prompt: str | list[dict], system_prompt: str | None = None) -> str:
@@ -68,11 +71,7 @@ class TurnRenderer:
             )
         if self.template == "qwen_math":
             return _chatml_messages(messages) + "<|im_start|>assistant\n"
-        text = "\n\n".join(
-            m["content"] if m["role"] == "user" else f"{m['role'].capitalize()}: {m['content']}"
-            for m in messages
-        )
-        return text
+        return render_plain_messages(messages)
 
     def prompt_ids(self, prompt: str | list[dict], system_prompt: str | None = None) -> list[int]:
         return self.encode(self.prompt_text(prompt, system_prompt))
@@ -140,6 +139,29 @@ class TurnRenderer:
         first = t.apply_chat_template(one, tokenize=False)
         both = t.apply_chat_template(two, tokenize=False)
         return both.startswith(first)
+
+    def warn_if_unstable(self, role: str = "user") -> None:
+        """Say once per role (a run builds one renderer) when the template rewrites earlier
+        turns as later ones are added (``prefix_stable`` False: a reasoning template dropping
+        past ``<think>``): the episode trains each turn on the context the model produced,
+        which the template, and so inference over the whole conversation, renders otherwise."""
+        if role in self._checked:
+            return
+        self._checked.add(role)
+        try:
+            stable = self.prefix_stable(role)
+        except Exception:  # noqa: BLE001 - a role the template refuses fails its episodes anyway
+            return
+        if not stable:
+            print(
+                f"[rlvr] warning: data.template={self.template}: the tokenizer's chat template "
+                "rewrites earlier turns when later ones are added (e.g. it drops past <think> "
+                "reasoning); episodes keep each turn as the model produced it, so training sees "
+                "contexts that the template's rendering of the whole conversation never shows "
+                "(docs/environments.md)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _check_messages(prompt: list) -> list[dict]:

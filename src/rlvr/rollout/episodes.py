@@ -79,6 +79,9 @@ def run_episodes(
             ep.env = out.value
         else:
             ep.fail(f"constructing the environment: {out.error}")
+    first_env = next((ep.env for ep in eps if ep.env is not None), None)
+    if first_env is not None:  # once per run: the renderer remembers
+        renderer.warn_if_unstable(getattr(first_env, "observation_role", "user") or "user")
     resets = call_all([_bound(ep.env, "reset", rows[ep.row]) for ep in eps], limits.timeout_s)
     texts: list[str | None] = [None] * len(rows)
     for ep, out in zip(eps, resets, strict=True):
