@@ -8,9 +8,9 @@ PIP := $(PY) -m pip
 # the extras `make setup` installs; .venv-vllm takes `test` only (its tests are the vLLM ones)
 EXTRAS ?= test,openenv,reasoning-gym
 
-.PHONY: setup setup-malloc setup-vllm demo demo-vllm test test-slow test-vllm lint bench clean-venv
+.PHONY: setup setup-malloc setup-sandbox setup-vllm demo demo-vllm test test-slow test-vllm lint bench clean-venv
 
-setup: $(VENV)/.rlvr-installed setup-malloc
+setup: $(VENV)/.rlvr-installed setup-malloc setup-sandbox
 
 # tcmalloc, which `rlvr train` preloads (train.allocator=auto; src/rlvr/allocator.py): faster
 # steps and a lower peak than glibc's malloc on the CPU. A system library (no PyPI wheel ships
@@ -26,6 +26,23 @@ setup-malloc: $(VENV)/.rlvr-installed
 	else \
 		echo "[setup] no tcmalloc: rlvr uses the system malloc; for faster steps: sudo apt-get install libtcmalloc-minimal4"; \
 	fi; }
+
+# The sandbox that runs model-written code (the Python tool, the code reward; docs/sandbox.md):
+# bubblewrap and libseccomp are system packages, installed here where apt-get may run as root;
+# otherwise a hint. Without them sandbox.backend=auto falls back to landlock where the kernel
+# has it, and env.name=python refuses to run where no backend works.
+setup-sandbox: $(VENV)/.rlvr-installed
+	@if command -v bwrap >/dev/null && $(PY) -c "import ctypes.util as u; raise SystemExit(u.find_library('seccomp') is None)"; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "[setup] installing the sandbox's system packages (bubblewrap, libseccomp2)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1 \
+		|| { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap libseccomp2 >/dev/null 2>&1; } \
+		|| echo "[setup] could not install bubblewrap/libseccomp2: the sandbox falls back to landlock where it can (docs/sandbox.md)"; \
+	else \
+		echo "[setup] no bubblewrap or libseccomp: for the strongest sandbox: sudo apt-get install bubblewrap libseccomp2 (docs/sandbox.md)"; \
+	fi
+	@$(PY) -c "from rlvr.sandbox import describe; print('[setup]', describe())"
 
 $(VENV)/.rlvr-installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -49,3 +49,23 @@ class LongFirstPrompt:
 
     def close(self) -> None:
         type(self).closed += 1
+
+
+class ScriptedPython:
+    """The built-in Python tool, whose first call runs ``code`` whatever the model wrote (a tiny
+    random model never writes a tool call): the sandbox joined into a real training run."""
+
+    def __init__(self, code: str = "import os\nprint('uid', os.getuid())") -> None:
+        from rlvr.envs.python_tool import PythonToolEnv
+
+        self.tool, self.code, self.turn = PythonToolEnv(instructions=False), code, 0
+        self.stop = tuple("0123456789abcdefghijklmnopqrstuvwxyz")  # a model turn ends soon
+
+    def reset(self, row: dict) -> str:
+        return self.tool.reset(row)
+
+    def step(self, model_text: str):
+        self.turn += 1
+        if self.turn == 1:
+            return self.tool.step(f"<python>{self.code}</python>")
+        return None, None, True

@@ -8,7 +8,11 @@ Trains the ``target`` workload (the settings ``benchmarks.step`` gives rlvr) wit
 
 - ``off``: the ratio is taken against the trainer's own old log-probs; the engine's are ignored;
 - ``token-truncate``: each token's weight min(exp(trainer - engine), cap) (TIS);
-- ``sequence-mask``: a sequence whose geometric-mean ratio leaves [1/cap, cap] gets weight 0.
+- ``sequence-truncate``: each sequence's ratio (the product of its token ratios) capped at cap;
+- ``sequence-mask``: a sequence whose ratio (the product) leaves [1/cap, cap] gets weight 0, a
+  kept one its ratio;
+- ``geometric-reject``: a sequence whose geometric-mean ratio leaves [1/cap, cap] gets weight 0,
+  a kept one 1 (what ``sequence-mask`` measured before the sequence level became the product).
 
 The cap is the config's default (``algo.rollout_correction.cap``) unless ``--cap`` says otherwise.
 Every run trains a fixed ``--steps`` (not stopped at the target), so each gives its steps and
@@ -45,9 +49,17 @@ ARMS: dict[str, list[str]] = {
         "algo.rollout_correction.level=token",
         "algo.rollout_correction.action=truncate",
     ],
+    "sequence-truncate": [
+        "algo.rollout_correction.level=sequence",
+        "algo.rollout_correction.action=truncate",
+    ],
     "sequence-mask": [
         "algo.rollout_correction.level=sequence",
         "algo.rollout_correction.action=mask",
+    ],
+    "geometric-reject": [
+        "algo.rollout_correction.level=geometric",
+        "algo.rollout_correction.action=reject",
     ],
 }
 BASE = "off"
@@ -119,7 +131,7 @@ def write_report(path: Path, result: dict) -> None:
     s = result["summary"]
     m = result["machine"]
     lines = [
-        "# Rollout correction with vLLM rollouts: off vs token-truncate vs sequence-mask",
+        "# Rollout correction with vLLM rollouts: off and the correction arms",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gib']} GiB. Workload `target` with "
         f"`rollout.engine=vllm` (bf16 engine, trainer bf16 autocast over float32 weights), "
@@ -163,7 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.studies.correction_ab",
         description="Steps to the target reward, final reward and log-prob gap with vLLM "
-        "rollouts under each rollout correction (off, token-truncate, sequence-mask), over seeds. "
+        "rollouts under each rollout correction arm, over seeds. "
         "Run it with the vLLM venv's python (make setup-vllm).",
     )
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma list (default 0-4)")

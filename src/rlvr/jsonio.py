@@ -132,11 +132,44 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says (Linux); else set
+    and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_file_mode() -> int:
+    """The permissions ``open()`` gives a new file: 0666 less the umask."""
+    return 0o666 & ~_umask()
+
+
+def open_up_files(folder: Path) -> None:
+    """Give every file under ``folder`` the permissions ``open()`` would: writers that go
+    through a temporary file (safetensors' ``save_file``, mkstemp) leave them owner-only."""
+    mode = default_file_mode()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees either the old file or the new one, whole."""
+    """Write ``text`` to ``path`` so a reader sees either the old file or the new one, whole.
+
+    The file gets the permissions ``open()`` would give it (0666 less the umask): mkstemp's
+    temporary file is owner-only, which the rename would otherwise keep."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, default_file_mode())
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

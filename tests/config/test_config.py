@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from rlvr.config import ConfigError, load_config
 from rlvr.objectives import build_objective
@@ -79,6 +80,12 @@ def test_bad_value_names_field_and_value():
             "data.train_path: /nonexistent/x.jsonl: no such file or folder",
         ),
         (["algo.loss_agg=mean"], "algo.loss_agg='mean' is unknown"),
+        (  # an explicit other task with a path is a contradiction: both knobs named
+            ["data.task=arithmetic", "data.train_path=x.jsonl"],
+            "data.task=arithmetic generates its own rows, so data.train_path would be ignored: "
+            "drop data.task (a data path alone means data.task=file) or drop data.train_path",
+        ),
+        (["data.task=countdown", "data.eval_path=x.jsonl"], "so data.eval_path would be ignored"),
     ],
 )
 def test_guardrails_name_knob_and_rule(overrides, needle):
@@ -116,3 +123,54 @@ def test_importing_the_config_loads_no_runtime_module() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = ast.literal_eval(out.stdout)
     assert loaded and all(m == "rlvr" or m.startswith("rlvr.config") for m in loaded), loaded
+
+
+@pytest.mark.parametrize(
+    "overrides, task, inferred",
+    [
+        (["data.train_path=t.jsonl"], "file", {"data.task"}),
+        (["data.eval_path=e.jsonl", "data.train_path=t.jsonl"], "file", {"data.task"}),
+        (["data.task=file", "data.train_path=t.jsonl"], "file", set()),
+        ([], "arithmetic", set()),
+    ],
+)
+def test_a_data_path_alone_means_the_file_task(overrides, task, inferred):
+    cfg = load_config(None, overrides)
+    assert cfg.data.task == task
+    assert set(cfg.inferred()) == inferred
+    assert yaml.safe_load(cfg.to_yaml())["data"]["task"] == task  # a resume reads it as given
+
+
+@pytest.mark.parametrize(
+    "overrides, lr, inferred",
+    [
+        (["model.lora.enabled=true"], 2e-4, True),
+        (["model.lora.enabled=true", "train.lr=5e-5"], 5e-5, False),
+        ([], 2e-5, False),
+    ],
+)
+def test_lora_without_a_learning_rate_gets_ten_times_the_full_rate(overrides, lr, inferred):
+    cfg = load_config(None, overrides)
+    assert cfg.train.lr == pytest.approx(lr)
+    assert ("train.lr" in cfg.inferred()) is inferred
+
+
+def test_the_config_modules_import_no_circle():
+    """rlvr.config is a leaf of plain modules: the sections are read by the rules
+    (config/validate.py), never the reverse; no two of its modules reach each other (type-only
+    imports counted: they are a circle to a reader and to a type checker)."""
+    import grimp
+
+    graph = grimp.build_graph("rlvr")
+    modules = sorted(m for m in graph.find_descendants("rlvr.config"))
+    circles = [
+        (a, b)
+        for i, a in enumerate(modules)
+        for b in modules[i + 1 :]
+        if graph.find_shortest_chain(importer=a, imported=b)
+        and graph.find_shortest_chain(importer=b, imported=a)
+    ]
+    assert circles == []
+    assert graph.find_shortest_chain(
+        importer="rlvr.config.validate", imported="rlvr.config.sections"
+    )

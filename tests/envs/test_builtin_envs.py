@@ -1,5 +1,5 @@
 """The built-in environments: the calculator (parsed, never evaluated as Python), the Python tool
-in the sandbox's workers (no network, no writes outside its directory, limits, truncation), and
+in the sandbox (no network, no writes outside its folder, limits, truncation), and
 guess-the-number; env.name resolution and the config refusals."""
 
 from __future__ import annotations
@@ -45,42 +45,43 @@ def test_guess_number_gives_its_own_reward():
 
 def test_python_tool_runs_code_and_returns_its_output():
     out = run_python("print(sum(range(10)))", 5.0, 512, 1000)
-    assert out == {"ok": True, "output": "45\n", "timed_out": False}
+    assert out == {"ok": True, "output": "45\n", "timed_out": False, "limit": None}
     env = PythonToolEnv()
     assert env.step("<python>print(6*7)</python>") == ("<output>42</output>", None, False)
     assert env.step("The answer is 42") == (None, None, True)
 
 
-def test_python_tool_refuses_network():
-    code = "import socket\nsocket.create_connection(('127.0.0.1', 9))"
+def test_python_tool_has_no_network():
+    code = "import socket\nsocket.create_connection(('127.0.0.1', 9), timeout=2)"
     out = run_python(code, 5.0, 512, 1000)
-    assert not out["ok"]
-    assert "PermissionError: the Python tool does not allow socket." in out["output"]
+    assert not out["ok"] and "Error" in out["output"], out  # its own loopback, nothing on it
     out = run_python(
-        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')", 5.0, 512, 2000
+        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9', timeout=2)",
+        5.0,
+        512,
+        20000,
     )
-    assert not out["ok"] and "does not allow socket." in out["output"]
+    assert not out["ok"] and "URLError" in out["output"], out
 
 
-def test_python_tool_refuses_writes_outside_its_directory(tmp_path):
+def test_python_tool_writes_nothing_outside_its_folder(tmp_path):
     target = tmp_path / "outside.txt"
     for code in (
         f"open({str(target)!r}, 'w').write('x')",
         f"import os\nos.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
         f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
         f"import os\nos.mkdir({str(tmp_path / 'd')!r})",
-        "import subprocess\nsubprocess.run(['touch', '/tmp/rlvr-pytool-escape'])",
-        "import ctypes",
+        "import subprocess\nsubprocess.run(['touch', '/tmp/rlvr-pytool-escape'], check=True)",
     ):
         out = run_python(code, 5.0, 512, 2000)
         assert not out["ok"], code
-        assert "PermissionError" in out["output"], (code, out)
+        assert "Error" in out["output"], (code, out)
     assert not target.exists() and not (tmp_path / "d").exists()
     assert not os.path.exists("/tmp/rlvr-pytool-escape")
     inside = run_python(
         "open('mine.txt', 'w').write('hi')\nprint(open('mine.txt').read())", 5.0, 512, 100
     )
-    assert inside == {"ok": True, "output": "hi\n", "timed_out": False}
+    assert inside == {"ok": True, "output": "hi\n", "timed_out": False, "limit": None}
 
 
 def test_python_tool_limits_time_memory_and_output():
@@ -89,7 +90,8 @@ def test_python_tool_limits_time_memory_and_output():
     assert out["timed_out"] and "[timed out after 1.0 s]" in out["output"]
     assert time.monotonic() - t < 8
     out = run_python("x = bytearray(1024 ** 3)", 5.0, 256, 1000)
-    assert not out["ok"] and "MemoryError" in out["output"]
+    assert not out["ok"]
+    assert "[memory limit: 256 MB]" in out["output"] or "MemoryError" in out["output"], out
     out = run_python("print('y' * 500)", 5.0, 512, 50)
     assert out["output"] == "y" * 50 + "\n[output truncated]"
 

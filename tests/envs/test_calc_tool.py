@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from rlvr.config import load_config
+from rlvr.config import load_config, validate
 from rlvr.data.rows import load_rows_for, reward_specs
 from rlvr.data.tasks import calc_tool_rows, task_rows
 from rlvr.envs.calculator import CalculatorEnv
@@ -70,7 +70,7 @@ def test_the_task_turns_on_the_calculator_unless_env_name_is_given():
     r = cfg.rollout
     assert (r.max_turns, r.max_new_tokens, r.max_episode_tokens) == (3, 32, 96)
     assert [s.name for s in reward_specs(cfg)] == ["math"]
-    assert cfg.problems() == []
+    assert validate.problems(cfg) == []
     train, held = load_rows_for(cfg)
     assert len(train) == 2000 and len(held) == 100
     # keys the config gives win; kwargs merge

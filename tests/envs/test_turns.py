@@ -130,53 +130,84 @@ def test_messages_prompt_and_bad_prompts():
         TurnRenderer("r1", tok)
 
 
-def test_plain_messages_render_as_the_plain_environment_turns():
-    """data.template=none: a messages prompt (the calc_tool worked example) is the same plain
-    dialogue the environment turns continue: each turn labelled, the last one the cue
-    "Assistant:" the model answers after. So a prompt, a model turn and an environment turn
-    read exactly as the prompt of the longer conversation would."""
+def test_plain_template_writes_messages_as_its_environment_turns():
+    """data.template=none: a conversation (the calculator's worked example) is written with the
+    labels and the final cue the environment's turns use, so the model's first turn is prompted
+    as every later one is. By hand: each user turn 'User: ...', each assistant turn
+    'Assistant: ...', joined by a blank line, ending with the cue 'Assistant:'."""
+    tok = bpe_tokenizer(CHATML)
+    renderer = TurnRenderer("none", tok)
+    msgs = [
+        {"role": "user", "content": "What is 12 * 34?"},
+        {"role": "assistant", "content": "<calc>12 * 34</calc>"},
+        {"role": "user", "content": "<result>408</result>"},
+        {"role": "assistant", "content": "The answer is 408."},
+        {"role": "user", "content": QUESTION},
+    ]
+    assert renderer.prompt_text(msgs) == (
+        "User: What is 12 * 34?\n\nAssistant: <calc>12 * 34</calc>\n\n"
+        "User: <result>408</result>\n\nAssistant: The answer is 408.\n\n"
+        f"User: {QUESTION}\n\nAssistant:"
+    )
+    # one rendering: the conversation up to an observation is the shorter one, the model's
+    # reply and the environment's turn for that observation
+    reply = " " + msgs[1]["content"]
+    turn = renderer.env_turn_text(msgs[2]["content"], "user", model_ended_with_eos=False)
+    assert renderer.prompt_text(msgs[:3]) == renderer.prompt_text(msgs[:1]) + reply + turn
+    # a system prompt opens the text, as it does a single-turn prompt under none
+    assert renderer.prompt_text(msgs[:1], "Be brief.") == (
+        "Be brief.\n\nUser: What is 12 * 34?\n\nAssistant:"
+    )
+
+
+def test_calc_tool_worked_example_under_the_plain_template():
     from rlvr.envs.calculator import CalculatorEnv
 
     tok = bpe_tokenizer(CHATML)
-    renderer = TurnRenderer("none", tok)
-    prompt = CalculatorEnv(instructions=False, few_shot=1).reset({"prompt": "What is 994 * 48?"})
-    assert renderer.prompt_text(prompt) == (
-        "User: What is 12 * 34?\n\nAssistant: <calc>12 * 34</calc>\n\n"
-        "User: <result>408</result>\n\nAssistant: The answer is 408.\n\n"
-        "User: What is 994 * 48?\n\nAssistant:"
-    )
-    reply, obs = "<calc>994 * 48</calc>", "<result>47712</result>"
-    longer = [*prompt, {"role": "assistant", "content": reply}, {"role": "user", "content": obs}]
-    episode = (
-        renderer.prompt_text(prompt) + " " + reply + renderer.env_turn_text(obs, "user", False)
-    )
-    assert episode == renderer.prompt_text(longer)
-    # a system prompt opens it unlabelled, as the single-turn template writes it
-    with_system = renderer.prompt_text(
-        [{"role": "user", "content": "q"}], system_prompt="Be brief."
-    )
-    assert with_system == "Be brief.\n\nUser: q\n\nAssistant:"
+    prompt = CalculatorEnv(instructions=False, few_shot=1).reset({"prompt": QUESTION})
+    text = TurnRenderer("none", tok).prompt_text(prompt)
+    assert text.startswith("User: What is 12 * 34?\n\nAssistant: <calc>12 * 34</calc>")
+    assert text.endswith(f"\n\nUser: {QUESTION}\n\nAssistant:")
 
 
-def test_episodes_warn_once_when_the_template_rewrites_earlier_turns(tiny_tokenizer, capsys):
-    """A template that rewrites past turns (here: it drops earlier <think> reasoning) trains on
-    contexts inference never shows: the first episodes of a run say so, once; a prefix-stable
-    template says nothing."""
-    from test_episodes import LIMITS, Echo, ScriptedEngine
+def test_a_one_message_conversation_renders_as_its_question_under_chatml_templates():
+    """qwen_math's single-turn prompt carries Qwen2.5-Math's system prompt: a conversation
+    without a system message gets it too (the same prompt whether reset returns the question or
+    the question as a message)."""
+    tok = bpe_tokenizer(CHATML)
+    for template in ("chat", "qwen_math"):
+        renderer = TurnRenderer(template, tok)
+        msgs = [{"role": "user", "content": QUESTION}]
+        assert renderer.prompt_text(msgs) == renderer.prompt_text(QUESTION), template
 
-    from rlvr.rollout.base import SamplingParams
-    from rlvr.rollout.episodes import run_episodes
 
-    tok = bpe_tokenizer(STRIPS_THINKING)
-    renderer = TurnRenderer("chat", tok)
-    params = SamplingParams(n=1, max_new_tokens=8)
-    for _ in range(2):
-        run_episodes(
-            ScriptedEngine(tok, ["a", "b"]), renderer, Echo, [{"prompt": "q"}], params, LIMITS
-        )
-    err = capsys.readouterr().err
-    assert err.count("rewrites earlier turns") == 1
-    assert "data.template=chat" in err
-    stable = TurnRenderer("chat", bpe_tokenizer(CHATML))
-    run_episodes(ScriptedEngine(tok, ["a", "b"]), stable, Echo, [{"prompt": "q"}], params, LIMITS)
-    assert "rewrites earlier turns" not in capsys.readouterr().err
+@pytest.mark.parametrize("template, warned", [(CHATML, False), (STRIPS_THINKING, True)])
+def test_episodes_warn_once_when_the_template_rewrites_earlier_turns(
+    template, warned, monkeypatch, caplog
+):
+    """prefix_stable() runs once when a run's episodes are set up: a chat template that drops
+    past reasoning warns (training would see contexts inference never shows); one that does not
+    stays quiet."""
+    import logging
+
+    import rlvr.envs.turns as turns
+    from rlvr.config import load_config
+    from rlvr.rollout.episodes import EpisodeRunner
+
+    tok = bpe_tokenizer(template)
+    calls = []
+    real = turns.TurnRenderer.prefix_stable
+
+    def counted(self, role="user"):
+        calls.append(role)
+        return real(self, role)
+
+    monkeypatch.setattr(turns.TurnRenderer, "prefix_stable", counted)
+    cfg = load_config(None, ["env.name=calculator", "data.template=chat"])
+    with caplog.at_level(logging.WARNING):
+        runner = EpisodeRunner.from_config(cfg, tok)
+    assert runner is not None and calls == ["user"]
+    said = [r.getMessage() for r in caplog.records if "earlier turns" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert "data.template=chat" in said[0] and "<think>" in said[0]

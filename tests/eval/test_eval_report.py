@@ -1,5 +1,6 @@
-"""`rlvr report` shows each run's last eval with how it was measured, and warns, naming the
-field, when runs side by side (or evals within one run) were measured differently."""
+"""`rlvr report` shows each run's evaluation before training against its last one, with how they
+were measured, and warns, naming the field, when runs side by side (or evals within one run) were
+measured differently."""
 
 from __future__ import annotations
 
@@ -45,11 +46,15 @@ def test_report_eval_table_and_provenance_warnings(tmp_path, capsys: pytest.Capt
     b = fake_run(tmp_path, "b", [PROV, {**PROV, "dtype": "bfloat16"}])
     page = write_report([a, b], tmp_path / "out").read_text()
     err = capsys.readouterr().err
-    assert "Evaluation (last eval of each run)" in page
-    # the row: the number beside its mode, k, temperature, top-p, truncation and length
-    row = "<td>heldout greedy_pass@1</td><td>0.6000</td><td>greedy</td><td>1</td><td>0</td>"
+    assert "Evaluation: before training -> the last evaluation" in page
+    # the row: before (step 0), after (step 1), the change, then truncation and length before
+    # -> after beside the mode, k, temperature, top-p and problem count
+    row = (
+        "<td>heldout greedy_pass@1</td><td>0.5000</td><td>0.6000</td><td>+0.1000</td>"
+        "<td>0.2500 -&gt; 0.2500</td><td>31.5 -&gt; 31.5</td><td>greedy</td><td>1</td><td>0</td>"
+        "<td>1</td><td>4</td><td>1</td><td>hf, float32</td>"
+    )
     assert row in page
-    assert "<td>0.2500</td><td>31.5</td><td>4</td><td>hf, float32</td>" in page
     assert "<td>hf, bfloat16</td>" in page
     # across runs and within run b: the dtype field is named, on the page and on stderr
     across = "b was measured differently from a: dtype: &#x27;float32&#x27; vs &#x27;bfloat16&#x27;"
@@ -63,3 +68,9 @@ def test_report_of_runs_measured_alike_has_no_warning(tmp_path, capsys) -> None:
     b = fake_run(tmp_path, "b", [PROV])
     write_report([a, b], tmp_path / "out")
     assert "measured differently" not in capsys.readouterr().err
+
+
+def test_one_evaluation_has_no_before_column_value(tmp_path) -> None:
+    a = fake_run(tmp_path, "a", [PROV])
+    page = write_report([a], tmp_path / "out").read_text()
+    assert "<td>heldout greedy_pass@1</td><td>-</td><td>0.5000</td><td>-</td>" in page

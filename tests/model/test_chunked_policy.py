@@ -19,9 +19,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
-def run_both(make_model, sb, *, temperature=0.7, chunk=4, autocast=False, entropy_grad=True):
+def run_both(
+    make_model, sb, *, temperature=0.7, chunk=4, autocast=False, entropy_grad=True, chunks=True
+):
     """Log-probs, entropies (at the real tokens) and every trainable gradient, for the chunked
-    and the full path, from two copies of the same model; the loss weights each token."""
+    and the full path, from two copies of the same model; the loss weights each token.
+    ``chunks=False``: the model is one the chunked setting must run on full logits."""
     out = {}
     weights = torch.linspace(-1.0, 2.0, sb.completion_ids.numel()).view_as(sb.completion_mask)
     real = sb.completion_mask.bool()
@@ -29,7 +32,7 @@ def run_both(make_model, sb, *, temperature=0.7, chunk=4, autocast=False, entrop
         model = make_model()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             policy, _ = policy_outputs(model, sb, chunk_tokens=chunk_tokens)
-        assert (policy.logits is None) == (chunk_tokens > 0)
+        assert (policy.logits is None) == (chunks and chunk_tokens > 0)
         logp, ent = policy.logprobs(sb, temperature, entropy_grad=entropy_grad)
         loss = (logp * weights * sb.completion_mask).sum()
         if entropy_grad:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tests.training.memory_support import peak_allocated_bytes
 
 from rlvr.model.head_logprobs import head_logprobs, plain_head
+from rlvr.model.logit_transform import LogitTransform
 from rlvr.training.preflight import memory_plan as mp
 
 
@@ -128,6 +129,57 @@ def test_under_autocast_the_numbers_are_the_full_path_s():
     assert _rel(out["full"][2], out["fp32"][2]) < 1e-2
 
 
+def test_a_model_s_transform_by_hand():
+    """The head's logits (ln 2, 0, 0) times 2 (Cohere's logit_scale): (ln 4, 0, 0), so
+    p = (2/3, 1/6, 1/6) and log p(0) = ln(2/3); the gradient onehot - p = (1/3, -1/6, -1/6)
+    times 2 through W: (2/3, -1/3) for h. Softcapping at 1 (cap * tanh(x / cap)): the logits
+    (tanh ln 2, 0, 0) = (0.6, 0, 0), log p(0) = 0.6 - ln(e^0.6 + 2), and the gradient is
+    onehot - p times tanh's derivative 1 - 0.6^2 = 0.64 at the first logit (1 at the zeros)."""
+    head = _head(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+    h = torch.tensor([[math.log(2), 0.0]], requires_grad=True)
+    scale = LogitTransform((("mul", 2.0),))
+    logp, _ = head_logprobs(h, head, torch.tensor([0]), chunk=1, transform=scale)
+    assert logp.item() == pytest.approx(math.log(2 / 3), rel=1e-6)
+    logp.sum().backward()
+    assert torch.allclose(h.grad, torch.tensor([[2 / 3, -1 / 3]]), atol=1e-6)
+
+    h.grad = None
+    cap = LogitTransform((("div", 1.0), ("tanh", None), ("mul", 1.0)))
+    logp, _ = head_logprobs(h, head, torch.tensor([0]), chunk=1, transform=cap)
+    p0 = math.exp(0.6) / (math.exp(0.6) + 2)
+    assert logp.item() == pytest.approx(0.6 - math.log(math.exp(0.6) + 2), rel=1e-6)
+    logp.sum().backward()
+    dz = torch.tensor([(1 - p0) * 0.64, -(1 - p0) / 2, -(1 - p0) / 2])
+    assert torch.allclose(h.grad, dz[None, :2], atol=1e-6)
+
+
+def test_a_model_that_upcasts_its_logits_under_autocast():
+    """``logits = self.lm_head(h).float()`` (Mamba, Mllama, NemotronH), then a softcap: under
+    bf16 autocast the temperature divides in float32 after the upcast, as the full path does."""
+    torch.manual_seed(4)
+    n, hid, vocab = 12, 16, 50
+    head = torch.nn.Linear(hid, vocab, bias=False)
+    labels = torch.randint(0, vocab, (n,))
+    h0 = torch.randn(n, hid)
+    steps = LogitTransform((("float", None), ("div", 2.0), ("tanh", None), ("mul", 2.0)))
+    out = {}
+    for name in ("chunked", "full"):
+        h = h0.clone().requires_grad_()
+        head.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if name == "chunked":
+                logp, _ = head_logprobs(
+                    h, head, labels, 0.7, chunk=5, dtype=torch.bfloat16, transform=steps
+                )
+            else:
+                logits = torch.tanh(head(h).float() / 2.0) * 2.0
+                logp = F.log_softmax(logits / 0.7, -1).gather(-1, labels[:, None])[:, 0]
+        logp.sum().backward()
+        out[name] = (logp.detach(), h.grad)
+    assert _rel(out["chunked"][0], out["full"][0]) < 1e-6
+    assert _rel(out["chunked"][1], out["full"][1]) < 1e-2
+
+
 def test_a_frozen_head_gets_no_gradient_and_the_hidden_states_the_same():
     torch.manual_seed(4)
     head = torch.nn.Linear(8, 40).requires_grad_(False)
@@ -148,12 +200,18 @@ def test_bad_shapes_and_heads():
     assert plain_head(head) and not plain_head(None) and not plain_head(torch.nn.Embedding(3, 4))
 
 
-def test_one_chunk_is_alive_and_the_plan_counts_it():
+SOFTCAP = LogitTransform((("div", 3.0), ("tanh", None), ("mul", 3.0)))
+
+
+@pytest.mark.parametrize("transform", [None, SOFTCAP], ids=["plain", "softcap"])
+def test_one_chunk_is_alive_and_the_plan_counts_it(transform):
     """64 tokens, a 5,000-token vocabulary, chunks of 16: the forward and backward never hold
     more than one chunk's two float32 [16, 5000] buffers (plus [N, H]-sized tensors), and the
-    memory plan's chunk term (CHUNK_BYTES_PER_LOGIT) is that measured peak within 10%. The full
-    path, measured the same way, holds the [64, 5000] logits, their log-softmax and a gradient:
-    at least three times the full logits, six times the chunked peak."""
+    memory plan's chunk term (CHUNK_BYTES_PER_LOGIT) is that measured peak within 10%; a
+    softcapping model too (its backward recomputes the head's output for tanh's derivative
+    instead of keeping a third buffer). The full path, measured the same way, holds the
+    [64, 5000] logits, their log-softmax and a gradient: at least three times the full logits,
+    six times the chunked peak."""
     torch.manual_seed(5)
     n, hid, vocab, chunk = 64, 16, 5000, 16
     head = torch.nn.Linear(hid, vocab, bias=False).requires_grad_(False)
@@ -161,7 +219,8 @@ def test_one_chunk_is_alive_and_the_plan_counts_it():
     labels = torch.randint(0, vocab, (n,))
 
     def step():
-        logp, _ = head_logprobs(h, head, labels, 0.9, chunk=chunk)
+        kw = {"transform": transform} if transform else {}
+        logp, _ = head_logprobs(h, head, labels, 0.9, chunk=chunk, **kw)
         logp.sum().backward()
 
     peak = peak_allocated_bytes(step)

@@ -132,3 +132,77 @@ def test_training_attention_is_grouped_eager_for_text_models(tiny_vlm_dir):
     assert vlm.config._attn_implementation == "eager"
     use_training_attention(vlm, load_config(None, ["model.attention=sdpa"]), "cpu")
     assert vlm.config._attn_implementation == "sdpa"
+
+
+def test_logprobs_does_not_import_forward():
+    """forward.py reads its log-probs from logprobs.py; logprobs.py names the two fields it
+    reads of a batch (``CompletionRows``) instead of importing forward.py back: no circle,
+    not even under TYPE_CHECKING."""
+    import grimp
+
+    graph = grimp.build_graph("rlvr")
+    assert graph.find_shortest_chain("rlvr.model.logprobs", "rlvr.model.forward") is None
+    assert graph.find_shortest_chain("rlvr.model.forward", "rlvr.model.logprobs")
+
+
+def test_grouped_eager_applies_gemma2s_attention_softcapping():
+    """Gemma-2 caps its attention scores (cap * tanh(s / cap)) and passes the cap to the
+    attention function as ``softcap``: the grouped kernel must apply it as transformers' eager
+    does. A small cap and large q/k weights make the cap bite (0.285 nats without it)."""
+    import transformers as tf
+
+    from rlvr.model.attention import GROUPED_EAGER
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    cfg = tf.Gemma2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        attn_logit_softcapping=0.05,
+        max_position_embeddings=64,
+    )
+    model = tf.Gemma2ForCausalLM(cfg)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(8.0)
+            layer.self_attn.k_proj.weight.mul_(8.0)
+    sb = build_sequence_batch([[5, 6, 7, 8], [9]], [[1, 2, 3], [4]], pad_id=tok.pad_token_id)
+    out = {}
+    for impl in ("eager", GROUPED_EAGER):
+        model.set_attn_implementation(impl)
+        lp, _ = sequence_logprobs(model, sb)
+        out[impl] = lp.detach() * sb.completion_mask
+    torch.testing.assert_close(out["eager"], out[GROUPED_EAGER], rtol=0, atol=1e-5)
+
+
+def test_a_model_that_caps_attention_scores_trains_with_eager_arithmetic():
+    """SDPA cannot softcap: 'auto' off the CPU (or an explicit sdpa) on a Gemma-2 would fail at
+    set_attn_implementation; such a model trains with the grouped eager kernel instead."""
+    import transformers as tf
+
+    from rlvr.config import load_config
+    from rlvr.model.attention import GROUPED_EAGER, use_training_attention
+
+    cfg = tf.Gemma2Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        attn_logit_softcapping=50.0,
+        max_position_embeddings=64,
+    )
+    model = tf.Gemma2ForCausalLM(cfg)
+    use_training_attention(model, load_config(None, ["model.attention=sdpa"]), "cpu")
+    assert model.config._attn_implementation == GROUPED_EAGER

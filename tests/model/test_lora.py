@@ -47,6 +47,27 @@ def test_all_linear_adapts_the_mlp_too_but_not_the_output_head(tiny):
     assert layers == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 
 
+def test_wrapping_and_loading_adapters_warn_of_nothing(tiny, tiny_tokenizer, tmp_path):
+    """peft 0.21 reads the base model's ``is_gradient_checkpointing``, an alias transformers 5
+    deprecates with a FutureWarning on every LoRA run; rlvr's own check reads
+    ``is_activation_checkpointing``, and peft's own read is wrapped (rlvr.model.lora.peft_wrap)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = apply_lora(tiny, LoraConfig(enabled=True, rank=4))
+    model.save_pretrained(tmp_path / "adapter")
+    base = build_tiny_model(tiny_tokenizer, hidden=64, heads=2, kv_heads=1, intermediate=128)
+    from peft import PeftModel
+
+    from rlvr.model.lora import peft_wrap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = peft_wrap(PeftModel.from_pretrained, base, str(tmp_path / "adapter"))
+    assert any("lora_A" in n for n, _ in loaded.named_parameters())
+
+
 def test_unknown_target_names_fail_with_the_known_ones(tiny):
     with pytest.raises(ValueError, match=r"\['qproj'\] match no linear layer.*'q_proj'"):
         apply_lora(tiny, LoraConfig(enabled=True, target_modules=["qproj", "v_proj"]))

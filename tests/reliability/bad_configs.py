@@ -1,10 +1,10 @@
 """Hypothesis strategies for malformed run-config values: ``(dotted knob, bad value)`` pairs.
 
 Each entry of ``BAD_VALUES`` is a knob and a strategy of values its documented rule forbids (a
-range from its Field, a set of known names, or a cross-knob rule of ``Config.problems``). A value
-of the wrong type (a list, a mapping, a word where a number belongs) is malformed for every
-numeric knob. ``NONFINITE_FLOAT_KNOBS`` are the float knobs where NaN or an infinity cannot mean
-anything a run can use (see the comment there).
+range from its Field, a set of known names, or a cross-knob rule of
+``rlvr.config.validate.problems``). A value of the wrong type (a list, a mapping, a word where a
+number belongs) is malformed for every numeric knob. ``NONFINITE_FLOAT_KNOBS`` are the float
+knobs where NaN or an infinity cannot mean anything a run can use (see the comment there).
 """
 
 from __future__ import annotations

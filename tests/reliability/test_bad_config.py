@@ -1,4 +1,4 @@
-"""Malformed config values: every one is refused by ``load_config(...).validate()`` with a
+"""Malformed config values: every one is refused by ``check_config(load_config(...))`` with a
 ConfigError naming the knob, from an override or a YAML file, and ``rlvr train`` exits with code 2
 and that message (no traceback) before it loads a model."""
 
@@ -120,7 +120,7 @@ def test_a_broken_yaml_file_is_refused_naming_the_file(tmp_path, text, words) ->
 
 
 def accepted(pairs: list[tuple[str, object]]) -> list[tuple[str, object]]:
-    """The (knob, value) pairs that ``load_config(...).validate()`` lets through, or whose
+    """The (knob, value) pairs that ``check_config(load_config(...))`` lets through, or whose
     ConfigError does not name the knob."""
     out = []
     for knob, value in pairs:

@@ -114,6 +114,66 @@ def test_a_stop_signal_checkpoints_and_resume_auto_loses_nothing(
     add("preemption", signals=1, steps_lost=0, child_processes_left=0)
 
 
+@pytest.fixture(scope="module")
+def reference_with_evals(fork_server, tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("reference_evals")
+    pid = fork_server.run(argv(tiny_model_dir, out, "ref", "eval.every=2"), out / "log.txt")
+    assert fork_server.wait(pid) == 0, (out / "log.txt").read_text()[-3000:]
+    return out / "ref"
+
+
+GRACE_S = 3.0
+SLOW_EVAL_S = 6.0
+
+
+@pytest.mark.parametrize(
+    ("phase", "env"),
+    [
+        # the signal in step 2's update (paused 1 s): the update finishes, then step 2's
+        # scheduled evaluation (planted: 6 s) would run before the checkpoint
+        pytest.param(
+            "update", {"RLVR_TEST_PAUSE_S": "1", "RLVR_TEST_SLOW_EVAL_S": str(SLOW_EVAL_S)}
+        ),
+        # the signal inside step 2's evaluation (paused 6 s): it is cut short
+        pytest.param("eval", {"RLVR_TEST_PAUSE_S": str(SLOW_EVAL_S)}),
+    ],
+)
+def test_a_stop_signal_skips_the_evaluation_and_checkpoints_within_the_grace(
+    phase, env, fork_server, tiny_model_dir, tmp_path, reference_with_evals
+) -> None:
+    """A slow evaluation is due at step 2 (``eval.every=2``). The checkpoint of step 2 is
+    complete less than ``train.stop_grace_s`` after the signal (measured: the signal's time here,
+    the checkpoint's COMPLETE marker's modification time), with no evaluation in between; the
+    checkpoint notes the skipped evaluation and the resumed run evaluates step 2 first, so it ends
+    equal (every metrics line, eval scores included, and the weights) to an uninterrupted run."""
+    name = "preempted"
+    run_dir = tmp_path / name
+    log = tmp_path / "log.txt"
+    env = {**env, "RLVR_TEST_PAUSE_IN": phase, "RLVR_TEST_RUN_DIR": str(run_dir)}
+    grace = f"train.stop_grace_s={GRACE_S:g}"
+    args = argv(tiny_model_dir, tmp_path, name, "eval.every=2", grace, "--resume", "auto")
+    pid = fork_server.run(args, log, env=env, hooks="reliability.shutdown_hooks:install")
+    assert wait_for((tmp_path / f"in_{phase}").exists, pid), log.read_text()[-3000:]
+    sent = time.time()
+    os.kill(pid, signal.SIGTERM)
+    assert fork_server.wait(pid) == 4, log.read_text()[-3000:]
+    status = read_status(run_dir)
+    assert (status["state"], status["step"]) == ("preempted", 2), status
+    latest = latest_checkpoint(run_dir)
+    assert latest is not None and latest.step == 2
+    took = (latest.path / "COMPLETE").stat().st_mtime - sent
+    assert took < GRACE_S, f"checkpoint {took:.2f} s after the signal"
+    assert not (run_dir / "eval" / "step_000002.json").exists()  # skipped, not run
+    assert read_state(latest.path)[1]["extra"]["evaluator"]["pending"] == 2
+    print(f"{phase}: checkpoint {took:.2f} s after the signal")
+
+    pid = fork_server.run(args, tmp_path / "resume.txt")
+    assert fork_server.wait(pid) == 0, (tmp_path / "resume.txt").read_text()[-3000:]
+    assert (run_dir / "eval" / "step_000002.json").exists()
+    assert any(k.startswith("eval/") for k in read_metrics(run_dir)[2])  # step 2's scores
+    assert assert_equal_to_reference(run_dir, reference_with_evals, MAX_STEPS) == 0
+
+
 def test_an_update_past_the_grace_is_abandoned_and_says_no_checkpoint(
     tiny_model_dir, tmp_path, capsys, restore_threads
 ) -> None:
@@ -141,6 +201,65 @@ def test_an_update_past_the_grace_is_abandoned_and_says_no_checkpoint(
     assert "preempted by SIGTERM after step 1" in capsys.readouterr().err
     # the handlers were put back: SIGTERM is again the default action for this process
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_signals_repeated_during_an_update_do_not_extend_the_grace(
+    tiny_model_dir, tmp_path, restore_threads
+) -> None:
+    """SIGTERM in step 2's update, then again every 0.1 s for 2 s (a supervisor that repeats
+    itself) while the update runs on: the grace (0.5 s) counts from the first signal, so the update
+    is abandoned about 0.5 s after it, not 0.5 s after the last one (the update would then have
+    finished: a grace restarted by every signal never ends while they keep coming)."""
+    from reliability.shutdown_hooks import interrupt_in
+    from rlvr.cli.main import main as cli_main
+
+    run_dir = tmp_path / "again"
+    first: list[float] = []
+
+    def repeated_sigterm() -> None:
+        first.append(time.monotonic())
+        for _ in range(20):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+
+    remove = interrupt_in("update", run_dir, repeated_sigterm)
+    try:
+        code = cli_main(argv(tiny_model_dir, tmp_path, "again", "train.stop_grace_s=0.5"))
+    finally:
+        remove()
+    took = time.monotonic() - first[0]
+    assert code == 4
+    status = read_status(run_dir)
+    assert (status["state"], status["step"]) == ("preempted", 1), status
+    assert "did not finish within train.stop_grace_s=0.5" in status["checkpoint"]
+    assert took < 1.5, f"stopped {took:.2f} s after the first signal"
+
+
+def test_a_failed_stop_checkpoint_says_failed_in_status(
+    tiny_model_dir, tmp_path, monkeypatch, restore_threads
+) -> None:
+    """SIGTERM in step 2's update; writing the checkpoint of step 2 then fails (a full disk):
+    status.json says "failed" and names the stop checkpoint's failure, not "running"."""
+    import rlvr.training.loop as loop_module
+    from reliability.shutdown_hooks import interrupt_in
+    from rlvr.cli.main import main as cli_main
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(loop_module, "save_checkpoint", full_disk)
+    run_dir = tmp_path / "full"
+    remove = interrupt_in("update", run_dir, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            cli_main(argv(tiny_model_dir, tmp_path, "full"))
+    finally:
+        remove()
+    status = read_status(run_dir)
+    assert status["state"] == "failed", status
+    assert "the checkpoint on SIGTERM failed" in status["error"], status
+    assert "No space left on device" in status["error"]
+    assert status["step"] == 2
 
 
 @pytest.mark.parametrize("value", ["[SIGKILL]", "[SIGINT]", "[SIGALRM]", "SIGTERM"])
@@ -213,3 +332,52 @@ def test_one_rank_signalled_stops_both_ranks_at_the_same_step(tiny_model_dir, tm
     a, b = weights(run_dir / "final"), weights(tmp_path / "ref" / "final")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     add("preemption", signals=1, steps_lost=0, child_processes_left=0)
+
+
+def test_one_rank_past_the_grace_leaves_the_update_with_the_other(tiny_model_dir, tmp_path) -> None:
+    """torchrun, 2 CPU ranks (gloo), ``train.stop_grace_s=0.5``: SIGUSR1 reaches rank 1 alone in
+    step 2's update, and rank 1 stays in it 3 s, past the grace, while rank 0 goes on into the
+    update's collectives. Rank 1 must not leave the update alone (rank 0 would wait in a
+    collective for it until the process group's timeout): both leave it together at the next
+    minibatch, say "preempted" with no checkpoint of the half-updated step, and exit with 4.
+    (Before: rank 1 raised from its handler and exited; rank 0's next gloo collective failed with
+    "Connection closed by peer", exit code 1, status.json "failed"; NCCL would wait instead.)"""
+    import subprocess
+
+    from tests.training.dist_support import TORCHRUN, train_args
+
+    run_dir = tmp_path / "two"
+    args = train_args(tiny_model_dir, tmp_path, "two", MAX_STEPS, "train.stop_grace_s=0.5")
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "RLVR_TEST_HOOKS": "reliability.shutdown_hooks:grace_over_on_rank_1",
+        "RLVR_TEST_RUN_DIR": str(run_dir),
+    }
+    log = tmp_path / "two.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*TORCHRUN, "-m", "rlvr", "train", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        assert wait_for((tmp_path / "in_update").exists, proc.pid, 300), log.read_text()[-3000:]
+        t = time.monotonic()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 60 s after the signal:\n{log.read_text()[-3000:]}")
+        print(f"both ranks gone {time.monotonic() - t:.1f} s after the signal")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "exitcode  : 4" in text or "exitcode: 4" in text, text[-3000:]
+    status = read_status(run_dir)
+    assert (status["state"], status["signal"], status["step"]) == ("preempted", "SIGUSR1", 1)
+    assert "did not finish within train.stop_grace_s=0.5" in status["checkpoint"], status
+    assert latest_checkpoint(run_dir) is None

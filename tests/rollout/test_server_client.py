@@ -170,3 +170,42 @@ def test_a_server_without_the_weight_receiver_fails_at_once_not_at_the_group_tim
     finally:
         httpd.shutdown()
     assert time.monotonic() - t < 10  # not the 60 s group timeout
+
+
+def test_the_weight_group_store_listens_on_the_sync_host_only():
+    """The trainer's side of the weight-sync group hosts a TCPStore; torch's listens on every
+    interface whatever host it is given (measured: ``*:PORT``), so whoever reached the trainer's
+    sync port could join the rendezvous. It now listens on ``rollout.sync_host`` alone, and the
+    group still forms and carries a broadcast."""
+    import subprocess
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+
+    from rlvr.rollout.server_launch import free_port
+    from rlvr.rollout.server_worker import group_prefix, trainer_group
+
+    host, port = "127.0.0.1", free_port("127.0.0.1")
+    out: dict = {}
+
+    def trainer():
+        out["group"], out["store"] = trainer_group(host, port, 2, "gloo", 60)
+
+    t = threading.Thread(target=trainer)
+    t.start()
+    store = TCPStore(host, port, 2, is_master=False, timeout=timedelta(seconds=60))
+    listening = subprocess.run(["ss", "-ltnH"], capture_output=True, text=True).stdout
+    worker = ProcessGroupGloo(PrefixStore(group_prefix(host, port), store), 1, 2, timedelta(60))
+    t.join(60)
+    local = [
+        line.split()[3] for line in listening.splitlines() if line.split()[3].endswith(f":{port}")
+    ]
+    assert local == [f"{host}:{port}"], local
+    sent, got = torch.arange(6.0), torch.zeros(6)
+    opts = torch.distributed.BroadcastOptions()
+    opts.rootRank = 0
+    work = out["group"].broadcast([sent], opts)
+    worker.broadcast([got], opts).wait()
+    work.wait()
+    assert torch.equal(got, sent)

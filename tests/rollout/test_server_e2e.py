@@ -65,9 +65,12 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the tiny model, in its own process group."""
+    """`rlvr rollout-server` for the tiny model, in its own process group; its token in this
+    process's environment (the trainers here and their children read it there)."""
+    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
     from rlvr.rollout.server_launch import wait_healthy
 
+    os.environ[TOKEN_ENV] = new_token()
     port = free_port("127.0.0.1")
     log = tmp_path_factory.mktemp("srv_log") / "server.log"
     cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
@@ -86,6 +89,7 @@ def server(model_dir, tmp_path_factory):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+        os.environ.pop(TOKEN_ENV, None)
 
 
 def _config(model_dir, out, *extra):
@@ -293,3 +297,39 @@ def test_the_worker_survives_a_killed_trainer(model_dir, server, tmp_path):
     steps = [m["step"] for m in _lines(run_dir)]
     assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
     assert (run_dir / "final").is_dir()
+
+
+def test_a_request_without_the_token_is_refused_and_changes_nothing(model_dir, server):
+    """Every request but GET /health needs the server's token (X-Rlvr-Token): without it, or with
+    a wrong one, a weight-version label, a weight-sync join through /collective_rpc, a pause and a
+    generation are refused with 401, and the engine is as it was (its weight version, and its
+    replies to the same seeded request). Before, each of them went through: the version label,
+    for one, became 999."""
+    from rlvr.rollout.server_auth import TOKEN_ENV
+    from rlvr.rollout.server_launch import http_get, http_post
+
+    token = os.environ[TOKEN_ENV]
+    ask = {
+        "token_ids": [5, 6, 7],
+        "sampling_params": {"n": 2, "max_tokens": 6, "temperature": 1.0, "seed": 11},
+        "output_mode": "text",
+    }
+    replies = http_post(server, "/inference/v1/generate", ask, timeout_s=120, token=token)
+    version = http_get(server, "/weight_info", token=token)
+    refused = [
+        ("/update_weight_version", {"new_version": "999"}),
+        ("/collective_rpc", {"method": "rlvr_join", "args": ["127.0.0.1", "9", "2", "1", "gloo"]}),
+        ("/pause", {}),
+        ("/inference/v1/generate", ask),
+    ]
+    for path, body in refused:
+        for wrong in (None, "not-the-token"):
+            with pytest.raises(RuntimeError, match="HTTP 401"):
+                http_post(server, path, body, timeout_s=60, token=wrong)
+    with pytest.raises(RuntimeError, match="HTTP 401"):
+        http_get(server, "/weight_info")
+    http_get(server, "/health")  # the start-up check stays open
+    assert http_get(server, "/weight_info", token=token) == version
+    again = http_post(server, "/inference/v1/generate", ask, timeout_s=120, token=token)
+    texts = lambda r: [(c["token_ids"], c["text"]) for c in r["choices"]]  # noqa: E731
+    assert texts(again) == texts(replies)

@@ -103,3 +103,25 @@ def test_two_ranks_with_vllm_train_the_transformers_weights(
     base = load_file(sorted(sharp_vllm_model_dir.glob("*.safetensors"))[0])
     moved = max(float((vllm[k] - base[k]).abs().max()) for k in vllm if k in base)
     assert moved > 1e-2  # the update moved the weights: the comparison is not of two base models
+
+
+def test_two_jobs_with_tensor_parallel_vllm_at_once_both_train(sharp_vllm_model_dir, tmp_path):
+    """Two torchrun jobs on one machine at the same time, each 2 ranks sharing one vLLM engine
+    (tensor parallel 2, whose ranks talk through vLLM's CPU shared-memory communicator). vLLM
+    names that shared memory after the distributed init method, which under torchrun
+    (``external_launcher``) is ``env://`` for every job: the second job failed with "create shm
+    in SHMManager failed. errno: 17". Each job now names it after its own run
+    (`rlvr.rollout.vllm_cpu_worker`), and both train."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    extra = ("rollout.tensor_parallel_size=2", "train.max_steps=1")
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [
+            pool.submit(_train, sharp_vllm_model_dir, tmp_path / f"job{i}", "vllm", "auto", *extra)
+            for i in range(2)
+        ]
+        outs = [job.result() for job in jobs]  # _train fails the test on a non-zero exit
+    for i, stdout in enumerate(outs):
+        assert "engine: vllm, objective: drgrpo, processes: 2" in stdout
+        rows = (tmp_path / f"job{i}" / "vllm" / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(r)["step"] for r in rows] == [1]

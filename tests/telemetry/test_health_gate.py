@@ -91,13 +91,24 @@ def test_missing_metric_neither_counts_nor_resets_the_window() -> None:
     assert fired(run(stream)) == [("reward_stuck", "stop", 5)]
 
 
-def test_nothing_fires_during_warmup() -> None:
-    # warm-up 10: steps 0..9 are ignored; the window of 3 is steps 10, 11, 12.
+def test_nothing_but_truncation_fires_during_warmup() -> None:
+    # warm-up 10: steps 0..9 are ignored by every rule but truncation (set by the token limit,
+    # not early noise); reward_stuck's window of 3 is steps 10, 11, 12.
     stream = [{"reward_mean": 0.0, "truncation_rate": 0.9}] * 12
     events = run(stream, warmup_steps=10)
-    assert fired(events) == [("truncation", "warn", 10)]
+    assert fired(events) == [("truncation", "warn", 0)]
     events = run(stream + [{"reward_mean": 0.0}], warmup_steps=10)
-    assert fired(events) == [("truncation", "warn", 10), ("reward_stuck", "stop", 12)]
+    assert fired(events) == [("truncation", "warn", 0), ("reward_stuck", "stop", 12)]
+
+
+def test_truncation_speaks_at_the_first_step_with_the_default_warmup() -> None:
+    """A 3-step run (shorter than health.warmup_steps=5) whose replies are cut hears it at step
+    1, with the knob to raise."""
+    gate = HealthGate()
+    assert gate.cfg.warmup_steps == 5
+    events = gate.check(1, {**HEALTHY, "truncation_rate": 0.94})
+    assert fired(events) == [("truncation", "warn", 1)]
+    assert "rollout.max_new_tokens" in events[0].advice
 
 
 def test_has_boxed_below_floor_warns_at_once() -> None:

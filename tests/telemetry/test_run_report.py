@@ -230,3 +230,78 @@ def test_config_flatten_and_diff() -> None:
         ("train.epochs", [1, 2]),
     ]
     assert config_diff([a]) == []
+
+
+def _custom_reward_run(run_dir: Path) -> Path:
+    """A 3-step run of a user's reward: evals at steps 0 and 3, a reward that raised on a
+    quarter of the replies at step 2, no correct/has_boxed (the reward reports no info)."""
+    run_dir.mkdir(parents=True)
+    lines = [
+        {
+            "step": 0,
+            "eval/heldout/greedy_pass@1": 0.25,
+            "eval/heldout/greedy/truncated_frac": 0.75,
+            "eval/heldout/greedy/mean_reply_tokens": 47.0,
+        },
+        {"step": 1, "reward_mean": 0.2, "reward_failure_rate": 0.0, "truncation_rate": 0.9},
+        {"step": 2, "reward_mean": 0.3, "reward_failure_rate": 0.25, "truncation_rate": 0.8},
+        {
+            "step": 3,
+            "reward_mean": 0.5,
+            "reward_failure_rate": 0.0,
+            "truncation_rate": 0.5,
+            "eval/heldout/greedy_pass@1": 0.5,
+            "eval/heldout/greedy/truncated_frac": 0.5,
+            "eval/heldout/greedy/mean_reply_tokens": 40.0,
+        },
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    config = {
+        "reward": {"specs": [{"name": "my_reward:score", "weight": 1.0}]},
+        "algo": {"beta": 0.0},
+    }
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    return run_dir
+
+
+def test_the_report_answers_did_it_work(tmp_path: Path) -> None:
+    """The first table: held-out before -> after with the change, the training reward's first
+    -> last steps (means of the first and last step here: 3 steps), the reward failures, the
+    last truncation; a custom reward's run lists correct/has_boxed as expected absences, not
+    as metrics that silently stopped."""
+    run = _custom_reward_run(tmp_path / "mine")
+    page = _parse(write_report([run], tmp_path / "out"))
+    summary = page.tables[0]
+    assert summary[0][2] == "held-out: before training -> last evaluation"
+    row = dict(zip(summary[0], summary[1], strict=True))
+    assert row["held-out: before training -> last evaluation"] == (
+        "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)"
+    )
+    assert row["reward_mean: first -> last steps"] == "0.2 -> 0.5"  # k = min(3, 3 // 2) = 1
+    assert row["reward failures"].startswith("8% of replies (at most 25%, step 2)")
+    assert row["truncated (last step)"] == "50%"
+    text = "".join(page.text)
+    assert "Not logged, as expected for this run" in text
+    assert (
+        "correct, has_boxed, has_answer, high_reward_wrong_rate (the run's rewards are your own"
+        in text
+    )
+    assert "kl (algo.beta=0" in text
+    assert "should have logged and never did" in text  # other contract keys: this run lacks them
+    surprise = text.split("should have logged and never did")[1].split("Not logged")[0]
+    assert "correct" not in surprise and "has_boxed" not in surprise
+
+
+def test_eval_accuracy_has_an_axis_of_its_own(tmp_path: Path) -> None:
+    """greedy_pass@1 (0-1) used to share a y-axis with the reply length (40-50 tokens), a flat
+    line under the legend; now each kind has its panel and accuracy a 0-1 axis."""
+    from rlvr.telemetry.plots import plot_eval
+
+    run = load_run(_custom_reward_run(tmp_path / "mine"), "mine")
+    fig = plot_eval([run])
+    labels = [[line.get_label() for line in ax.get_lines()] for ax in fig.axes]
+    assert labels[0] == ["mine: heldout/greedy_pass@1"]
+    assert labels[1] == ["mine: heldout/greedy/truncated_frac"]
+    assert labels[2] == ["mine: heldout/greedy/mean_reply_tokens"]
+    assert fig.axes[0].get_ylim() == pytest.approx((-0.02, 1.02))
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == [0.25, 0.5]

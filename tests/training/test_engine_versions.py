@@ -118,3 +118,19 @@ def test_generation_syncs_every_n_updates(tiny_model_dir, tmp_path, every):
     for r in rows:
         lag = (r["step"] - 1) % every  # updates the engine was behind when it sampled step r
         assert (r["logprob_diff_max"] < 1e-4) == (lag == 0), (r["step"], r["logprob_diff_max"])
+
+
+@pytest.mark.parametrize("engine", ["rollout.engine=vllm", "rollout.mode=server"])
+def test_sync_every_above_one_is_refused_where_a_checkpoint_cannot_restore_the_engine(engine):
+    """A vLLM engine (in this process or a server) that lags the trainer by up to
+    ``rollout.sync_every - 1`` versions samples from weights no checkpoint holds: a resumed run
+    (``--resume``, a stop signal's requeue) would push the restored, newer weights and sample
+    from them, unlike the uninterrupted run. So the combination is refused, naming the knobs;
+    the transformers engine samples from the trainer's own weights and is never behind."""
+    from rlvr.config import ConfigError, load_config
+    from rlvr.training.preflight.checks import check_config
+
+    with pytest.raises(ConfigError, match=r"rollout\.sync_every=2 .*checkpoint"):
+        check_config(load_config(None, [engine, "rollout.sync_every=2"]))
+    check_config(load_config(None, [engine, "rollout.sync_every=1"]))
+    check_config(load_config(None, ["rollout.engine=hf", "rollout.sync_every=2"]))

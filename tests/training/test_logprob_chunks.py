@@ -79,28 +79,83 @@ def test_every_objective_s_gradient_equals_the_full_path(
     """One float32 step (same seed: same rollouts) with 3-token chunks and with the full
     logits: at every optimizer step the same gradients (to 1e-5 of each tensor's largest), the
     same loss and entropy metrics."""
+    extra = [e.format(teacher=teacher_dir(tmp_path)) for e in extra]
+    assert_chunks_step_as_the_full_path(
+        tiny_model_dir, tmp_path, f"algo.objective={objective}", "rollout.max_new_tokens=8", *extra
+    )
+
+
+def assert_chunks_step_as_the_full_path(model_dir: Path, tmp_path: Path, *overrides: str) -> None:
+    """One float32 step (same seed: same rollouts) with 3-token chunks and with the full
+    logits: one optimizer step, the same gradients (to 1e-5 of each tensor's largest), the
+    same loss and entropy metrics."""
     runs = {}
     for chunk in (3, 0):
         metrics, _, grads = one_float32_step(
-            tiny_model_dir,
+            model_dir,
             tmp_path / f"c{chunk}",
-            f"algo.objective={objective}",
             f"algo.logprob_chunk_tokens={chunk}",
-            "rollout.max_new_tokens=8",
-            *(e.format(teacher=teacher_dir(tmp_path)) for e in extra),
+            *overrides,
             before=gradients_at_each_optimizer_step,
         )
         runs[chunk] = metrics, grads
     (m3, g3), (m0, g0) = runs[3], runs[0]
-    assert len(g3) == len(g0) == 1
+    assert len(g3) == len(g0) == 1 and g0[0]
     for a, b in zip(g3, g0, strict=True):
         assert a.keys() == b.keys()
         for k in b:
             scale = b[k].abs().max().clamp(min=1e-12)
-            assert float((a[k] - b[k]).abs().max() / scale) < 1e-5, (objective, k)
+            assert float((a[k] - b[k]).abs().max() / scale) < 1e-5, (overrides, k)
     for key in ("policy_loss", "entropy_mean", "kl", "value_loss"):
         if key in m0:
             assert m3[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+
+
+def save_tiny_family(folder: Path, family: str) -> Path:
+    """A tiny Gemma-2 (final softcapping 0.5) or Granite (logits over 4) over the char
+    tokenizer, its head scaled so the logits are several units: the transforms bite."""
+    import transformers as tf
+
+    from rlvr.training.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    small = dict(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    torch.manual_seed(0)
+    if family == "gemma2":
+        config = tf.Gemma2Config(
+            final_logit_softcapping=0.5, head_dim=16, query_pre_attn_scalar=16, **small
+        )
+        model = tf.Gemma2ForCausalLM(config)
+    else:
+        model = tf.GraniteForCausalLM(tf.GraniteConfig(logits_scaling=4.0, **small))
+    with torch.no_grad():
+        model.get_output_embeddings().weight.normal_(0.0, 1.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["gemma2", "granite"])
+def test_a_model_that_transforms_its_logits_steps_as_the_full_path(tmp_path, family):
+    """A real training step (grpo, the entropy bonus, the old-log-prob pass for truncated IS,
+    temperature 0.7) on a model whose forward transforms its head's output, through the head
+    setup_run swaps in (lean_backward's linear): with 3-token chunks the same gradients and
+    loss as with the full logits."""
+    model_dir = save_tiny_family(tmp_path / family, family)
+    assert_chunks_step_as_the_full_path(
+        model_dir, tmp_path, "algo.tis_cap=2.0", "algo.entropy_coef=0.01", "rollout.temperature=0.7"
+    )
 
 
 class WidestVocabTensor(TorchDispatchMode):

@@ -80,12 +80,13 @@ def test_memory_metrics_move_with_a_planted_growth_and_the_summary_compares_with
 
     # the closing lines print both numbers and an error that follows from them
     found = re.search(
-        r"memory: measured peak ([\d.]+) GiB \(peak RSS\), plan ([\d.]+) GiB: plan error "
-        r"([-+][\d.]+)%",
+        r"memory: measured peak ([\d.]+) GiB \(peak RSS\) against ([\d.]+) GiB planned before "
+        r"the run: the plan is ([\d.]+)% (above|under) the measured peak",
         out,
     )
     assert found, out
-    measured, planned, error = (float(g) for g in found.groups())
+    measured, planned, error = (float(g) for g in found.groups()[:3])
+    error = error if found.group(4) == "above" else -error
     assert measured == pytest.approx(mem["measured_peak_gib"], abs=5e-4)
     assert error / 100 == pytest.approx((planned - measured) / measured, abs=1.5e-3)
     # the plan is a lower bound far under this run: the warning names the scoring phase
@@ -147,10 +148,19 @@ def test_compare_by_hand():
     assert mem["warning"].startswith("the measured peak is 38% above the plan")
     assert "rose 1.000 GiB more in the part 'update' than the plan's terms" in mem["warning"]
     assert memory_lines(mem) == [
-        "memory: measured peak 4.500 GiB (peak RSS), plan 3.250 GiB: plan error -27.8% "
-        "((plan - measured) / measured)",
+        "memory: measured peak 4.500 GiB (peak RSS) against 3.250 GiB planned before the run: "
+        "the plan is 27.8% under the measured peak (the plan is a lower bound, within about 20% "
+        "on the CPU; docs/memory-plan.md)",
         f"memory warning: {mem['warning']}",
     ]
+    # a plan above the peak says why it may be (rows shorter than the limits it sizes for)
+    over = memory_lines(compare(plan, {**measured, "measured_peak_gib": 1.625}))
+    assert over[0] == (
+        "memory: measured peak 1.625 GiB (peak RSS) against 3.250 GiB planned before the run: "
+        "the plan is 100.0% above the measured peak (it sizes every row at "
+        "data.max_prompt_tokens + rollout.max_new_tokens; shorter rows need less; "
+        "docs/memory-plan.md)"
+    )
     # 4.0 GiB is 23% over the plan: no warning; no plan: the measured peak alone
     under = compare(plan, {**measured, "measured_peak_gib": 4.0})
     assert under["warning"] is None and "likely_missing" not in under

@@ -50,3 +50,21 @@ def test_status_summary_and_early_stop_are_written_atomically(
         assert name in written, (name, written)
     leftovers = [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+def test_atomic_writes_get_the_permissions_open_would_give(tmp_path):
+    """A run's files are readable by the group and others under umask 022 (mkstemp's temporary
+    file is owner-only, and the rename kept that: status.json was 0600), and stay owner-only
+    under umask 077."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        jsonio.atomic_write_text(tmp_path / "a.json", "{}")
+        os.umask(0o077)
+        jsonio.atomic_write_text(tmp_path / "b.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "b.json").stat().st_mode) == 0o600

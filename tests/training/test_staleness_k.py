@@ -10,13 +10,13 @@ weights than its label says, changes the weights."""
 
 from __future__ import annotations
 
-import copy
 import json
 import shutil
 import time
 
 import pytest
 import torch
+from staleness_engines import ReplayEngine, WorkerEngine
 from test_staleness import COMMON
 from test_train_e2e import read_lines, tiny_config
 
@@ -24,106 +24,9 @@ import rlvr.training.setup as setup_mod
 import rlvr.training.step as step_mod
 from rlvr.config import ConfigError, load_config
 from rlvr.config.env import env_problems
-from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.training.trainer import Trainer
 
 SLOW_UPDATE_S = 1.0  # the planted slow trainer; the worker samples a batch in < 0.1 s
-
-
-@torch.no_grad()
-def sample(model, tokenizer, prompt_ids: list[list[int]], params: SamplingParams):
-    """``params.n`` samples per prompt at temperature ``params.temperature``, cut after EOS, from
-    a generator of its own (a worker thread must not touch the trainer's global RNG)."""
-    out = []
-    for i, prompt in enumerate(prompt_ids):
-        gen = torch.Generator().manual_seed(params.seed * 1000 + i)
-        ids = torch.tensor([prompt] * params.n)
-        toks, lps = [], []
-        for _ in range(params.max_new_tokens):
-            logits = model(input_ids=ids).logits[:, -1].float() / params.temperature
-            logp = torch.log_softmax(logits, -1)
-            nxt = torch.multinomial(logp.exp(), 1, generator=gen)[:, 0]
-            toks.append(nxt)
-            lps.append(logp.gather(1, nxt[:, None])[:, 0])
-            ids = torch.cat([ids, nxt[:, None]], 1)
-        group = []
-        for j in range(params.n):
-            row = [int(t[j]) for t in toks]
-            n = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-            group.append(
-                Completion(
-                    prompt_index=i,
-                    token_ids=row[:n],
-                    logprobs=[float(lp[j]) for lp in lps[:n]],
-                    text=tokenizer.decode(row[:n], skip_special_tokens=True),
-                    finish_reason="stop" if n < len(row) else "length",
-                )
-            )
-        out.append(group)
-    return out
-
-
-class WorkerEngine:
-    """A rollout worker as the step sees a server: ``remote``, weights of its own."""
-
-    name = "worker"
-    remote = True
-
-    def __init__(self, model, tokenizer):
-        self.model = copy.deepcopy(model).eval()
-        self.tokenizer = tokenizer
-        self.policy_version = 0  # built from the trainer's initial weights
-
-    def load_weights(self, named_tensors) -> None:
-        self.model.load_state_dict(dict(named_tensors))
-
-    def generate(self, prompt_ids, params: SamplingParams, vision=None):
-        version = self.policy_version  # no sync lands during a generation (overlap._Gate)
-        groups = sample(self.model, self.tokenizer, prompt_ids, params)
-        for c in (c for g in groups for c in g):
-            c.policy_version = version
-        return groups
-
-    def close(self) -> None:
-        pass
-
-
-class ReplayEngine:
-    """An in-process engine that keeps every version pushed to it and samples the i-th batch
-    from version ``tags[i]``'s weights."""
-
-    name = "replay"
-
-    def __init__(self, model, tokenizer, tags: list[int]):
-        self.model = copy.deepcopy(model).eval()
-        self.tokenizer, self.tags = tokenizer, list(tags)
-        self.snapshots = {0: copy.deepcopy(self.model.state_dict())}
-        self._version = 0
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    @policy_version.setter
-    def policy_version(self, v: int) -> None:
-        self._version = v
-        self.snapshots[v] = copy.deepcopy(self.model.state_dict())
-
-    def load_weights(self, named_tensors) -> None:
-        self.model.load_state_dict(dict(named_tensors))
-
-    def generate(self, prompt_ids, params: SamplingParams, vision=None):
-        tag = self.tags.pop(0)
-        current = copy.deepcopy(self.model.state_dict())
-        self.model.load_state_dict(self.snapshots[tag])
-        groups = sample(self.model, self.tokenizer, prompt_ids, params)
-        self.model.load_state_dict(current)
-        for c in (c for g in groups for c in g):
-            c.policy_version = tag
-        return groups
-
-    def close(self) -> None:
-        pass
 
 
 REAL_UPDATE = step_mod.update
@@ -273,3 +176,134 @@ def test_the_bound_and_the_refusals_name_the_knob(tiny_model_dir, tmp_path):
         load_config(None, ["rollout.max_staleness=5"])
     cfg = load_config(None, ["rollout.max_staleness=3", "env.name=calculator"])
     assert any("rollout.max_staleness=3 with env.name" in p for p in env_problems(cfg))
+
+
+def test_a_stop_signal_keeps_the_finished_batches_ahead_only_and_resumes_exactly(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """k=3 through the worker, each generation 1 s (planted), ``rlvr train`` in a process of its
+    own: SIGTERM in the update of step 2 (1-based), whose batches ahead (0-based steps 2-4) are
+    then queued or being generated. The checkpoint of step 2 is complete less than
+    ``train.stop_grace_s`` (2 s) after the signal (the checkpoint's COMPLETE marker against the
+    signal's time): it holds the finished batches ahead only (no wait for the others, which would
+    take up to 3 s), and the prompt sampler from before the first batch it dropped. The resumed
+    run generates the dropped batches again from the same prompts and seeds, so its weights equal
+    those of the reference replaying the versions it recorded: a batch lost, or drawn from the
+    wrong prompts (the sampler not rewound), changes them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from reliability.procs import wait_for
+    from rlvr.checkpoint.full import latest_checkpoint, read_state
+
+    grace = 2.0
+    run_dir = tmp_path / "stop"
+    cfg = _cfg(tiny_model_dir, tmp_path, "rollout.max_staleness=3", "train.run_name=stop")
+    (tmp_path / "run.yaml").write_text(cfg.to_yaml())
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "RLVR_TEST_HOOKS": "training.staleness_engines:install_worker",
+        "RLVR_TEST_GENERATE_S": "1",
+        "RLVR_TEST_PAUSE_IN": "update",
+        "RLVR_TEST_PAUSE_S": "0.2",
+        "RLVR_TEST_RUN_DIR": str(run_dir),
+    }
+    cmd = [sys.executable, "-m", "rlvr", "train", "-c", str(tmp_path / "run.yaml")]
+    cmd.append(f"train.stop_grace_s={grace:g}")
+    log = tmp_path / "log.txt"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for((tmp_path / "in_update").exists, proc.pid, 300), log.read_text()[-3000:]
+        sent = time.time()
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(120) == 4, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    latest = latest_checkpoint(run_dir)
+    assert latest is not None and latest.step == 2, log.read_text()[-3000:]
+    took = (latest.path / "COMPLETE").stat().st_mtime - sent
+    print(f"checkpoint {took:.2f} s after the signal")
+    assert took < grace, f"checkpoint {took:.2f} s after the signal"
+    kept = [b["step"] for b in read_state(latest.path)[1]["extra"]["lookahead"]["batches"]]
+    assert kept == list(range(2, 2 + len(kept))) and len(kept) < 3, kept  # some were dropped
+
+    _engine(monkeypatch, WorkerEngine)
+    resumed = Trainer(load_config(run_dir / "config.yaml", [f"train.resume={run_dir}"]))
+    resumed.fit()
+    lines = [m for m in read_lines(run_dir) if m["step"] > 0]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6]
+    assert max(m["staleness_max"] for m in lines) <= 3
+    ref = _replayed(monkeypatch, tiny_model_dir, tmp_path / "ref", _tags(lines))
+    _same_weights(resumed, ref)
+
+
+def test_a_batch_ahead_with_episodes_and_images_comes_back_from_a_checkpoint_equal():
+    """The checkpoint of a batch generated ahead (JSON) keeps an episode's ``EpisodeInfo`` (its
+    transcript's turns as tuples) and a vision-language prompt's images and processor tensors
+    (bf16 and int64), bit for bit; it lost both before (the episode came back a dict, the vision
+    inputs None)."""
+    import numpy as np
+    from PIL import Image
+
+    from rlvr.data.multimodal import PromptVision
+    from rlvr.objectives.batch import RolloutBatch
+    from rlvr.rollout.base import Completion, EpisodeInfo
+    from rlvr.training.overlap import Lookahead
+
+    gen = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8, generator=gen).numpy()
+    vision = [
+        PromptVision(
+            images=[Image.fromarray(pixels, "RGB")],
+            inputs={
+                "pixel_values": torch.randn(4, 6, generator=gen).to(torch.bfloat16),
+                "image_grid_thw": torch.tensor([[1, 2, 2]]),
+            },
+        )
+    ]
+    episode = EpisodeInfo(
+        turns=2,
+        tool_calls=1,
+        env_reward=0.5,
+        gives_reward=True,
+        model_tokens=3,
+        env_tokens=2,
+        final_text="42",
+        transcript=[("model", "calc 6*7"), ("env", "42"), ("model", "42")],
+    )
+    completion = Completion(
+        0,
+        [5, 6, 7, 8, 9],
+        [-0.5, -1.25, 0.0, 0.0, -0.125],
+        "x",
+        "stop",
+        3,
+        [1, 1, 0, 0, 1],
+        episode,
+    )
+    batch = RolloutBatch(
+        [{"prompt": "p", "answer": "42"}], ["p"], [[1, 2, 3]], [[completion]], 1, vision=vision
+    )
+    ahead = Lookahead(depth=1, background=False)
+    ahead.start(4, lambda: batch)
+    state, sampler = ahead.state_dict()
+    assert sampler is None
+    again = Lookahead(depth=1, background=False)
+    again.load_state_dict(json.loads(json.dumps(state)))  # as the checkpoint writes and reads it
+    back = again.take(4)
+    assert back.completions == batch.completions
+    assert isinstance(back.completions[0].episode, EpisodeInfo)
+    assert (back.rows, back.prompt_texts, back.prompt_ids) == (
+        ["p"] and batch.rows,
+        ["p"],
+        [[1, 2, 3]],
+    )
+    (v,) = back.vision
+    assert v.images[0].mode == "RGB" and np.array_equal(np.asarray(v.images[0]), pixels)
+    for key, t in vision[0].inputs.items():
+        assert v.inputs[key].dtype == t.dtype and torch.equal(v.inputs[key], t), key

@@ -43,16 +43,22 @@ def test_weights_and_statistics_by_hand():
     assert st["tis_weight_mean"] == pytest.approx(4.5 / 4)
     assert (st["tis_weight_min"], st["tis_weight_max"]) == pytest.approx((0.5, 2.0))
     assert st["tis_truncated_frac"] == pytest.approx(1 / 4) and st["tis_masked_frac"] == 0.0
-    # sequence mask [1/2, 2]: geometric means sqrt(3) = 1.73, 0.5, 1: all kept; the invalid
-    # sequence's e^5 does not count
+    # sequence mask [1/2, 2]: products 3 (dropped), 0.5 and 1 (kept, weighted by their ratio);
+    # the invalid sequence's e^5 does not count: 2 of 4 valid tokens masked
     st = correction_weights(batch, RolloutCorrectionConfig(level="sequence", action="mask"))
+    assert [w.tolist() for w in batch.tok["tis_weights"]] == [[0.0, 0.0], [0.5], [0.0], [1.0]]
+    assert st["tis_masked_frac"] == pytest.approx(2 / 4)
+    assert st["tis_weight_mean"] == pytest.approx(1.5 / 4)
+    # geometric reject [1/2, 2]: sqrt(3) = 1.73, 0.5, 1 are all kept, each weighted 1
+    st = correction_weights(batch, RolloutCorrectionConfig(level="geometric", action="reject"))
     assert [w.tolist() for w in batch.tok["tis_weights"]] == [[1.0, 1.0], [1.0], [0.0], [1.0]]
     assert (st["tis_weight_mean"], st["tis_masked_frac"]) == (1.0, 0.0)
-    # token mask [1/2, 2]: the ratio 3 is dropped: 1 of 4 valid tokens masked
+    # token mask [1/2, 2]: the ratio 3 is dropped, the kept tokens keep their ratios
     st = correction_weights(batch, RolloutCorrectionConfig(level="token", action="mask"))
     assert batch.tok["tis_weights"][0].tolist() == [1.0, 0.0]
+    assert batch.tok["tis_weights"][1].tolist() == pytest.approx([0.5])
     assert st["tis_masked_frac"] == pytest.approx(1 / 4)
-    assert st["tis_weight_mean"] == pytest.approx(3 / 4)
+    assert st["tis_weight_mean"] == pytest.approx(2.5 / 4)
 
 
 @pytest.mark.parametrize(
@@ -100,14 +106,16 @@ def test_a_binding_cap_scales_the_policy_gradient(tiny_model_dir, tmp_path, obje
     assert cap["grad_norm"] == pytest.approx(0.5 * off["grad_norm"], rel=1e-4)
 
 
-def test_a_sequence_mask_that_keeps_everything_changes_nothing(tiny_model_dir, tmp_path, capsys):
-    """Ratios 1 to rounding lie inside [1/2, 2]: every weight 1, nothing masked, the policy loss
-    and gradient norm equal those without the correction. The run's first lines say which
-    correction is in force and how to turn it off."""
+def test_a_sequence_rejection_that_keeps_everything_changes_nothing(
+    tiny_model_dir, tmp_path, capsys
+):
+    """Ratios 1 to rounding lie inside [1/2, 2]: every weight 1 (reject weighs a kept sequence
+    1), nothing masked, the policy loss and gradient norm equal those without the correction.
+    The run's first lines say which correction is in force and how to turn it off."""
     metrics, banners = {}, {}
     for name, extra in {
         "off": [],
-        "mask": ["algo.rollout_correction.level=sequence", "algo.rollout_correction.action=mask"],
+        "mask": ["algo.rollout_correction.level=sequence", "algo.rollout_correction.action=reject"],
     }.items():
         torch.manual_seed(0)
         cfg = tiny_config(
@@ -127,7 +135,7 @@ def test_a_sequence_mask_that_keeps_everything_changes_nothing(tiny_model_dir, t
         trainer.run.close()
     assert "rollout correction" not in banners["off"]
     assert (
-        "[rlvr] rollout correction: sequence mask, ratios kept in [0.5, 2] "
+        "[rlvr] rollout correction: sequence reject, ratios kept in [0.5, 2], weighted 1 "
         "(algo.rollout_correction.level=off turns it off" in banners["mask"]
     )
     off, mask = metrics["off"], metrics["mask"]
@@ -165,5 +173,5 @@ def test_correction_settings_that_cannot_combine_are_named():
     ]
     low = ["algo.rollout_correction.level=token", "algo.rollout_correction.low=0.5"]
     assert config_problems(load_config(None, low)) == [
-        "algo.rollout_correction.low is the mask's lower bound: set action=mask"
+        "algo.rollout_correction.low is the mask's lower bound: set action=mask (or reject)"
     ]

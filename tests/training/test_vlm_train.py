@@ -151,7 +151,7 @@ def test_a_vlm_rolls_out_with_transformers(tiny_vlm_dir, tmp_path, monkeypatch):
             ["rollout.mode=server", "rollout.engine=vllm"],
             "rollout.mode=server: rlvr's vLLM engine does not take",
         ),
-        (["rollout.max_staleness=1"], "checkpointed without its images"),
+        (["rollout.max_staleness=1"], "not yet the rows. own images"),
     ],
 )
 def test_rollouts_that_drop_images_are_refused_for_a_vlm(tiny_vlm_dir, tmp_path, knobs, message):

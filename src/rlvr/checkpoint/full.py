@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from rlvr.checkpoint.protocol import Checkpointable
+from rlvr.jsonio import open_up_files
 from rlvr.model.lora import is_lora_model, load_adapter_weights
 
 log = logging.getLogger(__name__)
@@ -173,6 +174,7 @@ def write_checkpoint(
             torch.save(tensors, f)
         (tmp / PLAIN_STATE).write_text(json.dumps(plain))
         (tmp / CONFIG_FILE).write_text(config_yaml)
+        open_up_files(tmp)  # safetensors writes weights owner-only
         sizes = _fsync_tree(tmp)
         manifest = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "files": sizes}
         with open(tmp / COMPLETE, "w") as f:

@@ -13,6 +13,9 @@ from rlvr.config import Config, ConfigError
 RESUME_FIXED_KEYS = ("model.name_or_path", "model.dtype", "model.lora", "algo.objective", "data")
 # a staleness-1 checkpoint holds the next step's batch, its prompts already drawn
 RESUME_FIXED_KEYS += ("rollout.max_staleness",)
+# the prompt sampler's position counts prompts drawn per step: another group size or number of
+# prompts per step would not continue the same data order
+RESUME_FIXED_KEYS += ("algo.group_size", "algo.prompts_per_step")
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from rlvr.checkpoint.full import (
     set_rng_state,
 )
 from rlvr.checkpoint.protocol import Checkpointable
+from rlvr.jsonio import open_up_files
 from rlvr.model.lora import is_lora_model
 
 DCP_DIR = "dcp"
@@ -305,6 +306,7 @@ def _finish_export(path: Path, tmp: Path, out: Path, skip: tuple[str, ...] = ())
     for f in (path / MODEL_DIR).iterdir():  # tokenizer files
         if f.is_file() and f.name not in skip and not (tmp / f.name).exists():
             shutil.copy2(f, tmp / f.name)
+    open_up_files(tmp)  # safetensors writes weights owner-only
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -66,6 +66,18 @@ def run_doctor() -> int:
             else "optional, faster steps and a lower peak: apt-get install libtcmalloc-minimal4",
         )
     )
+    from rlvr.sandbox import describe as describe_sandbox
+
+    sandbox = describe_sandbox("auto").removeprefix("sandbox: ")
+    rows.append(
+        (
+            "sandbox",
+            sandbox,  # what env.name=python and the code reward run in (docs/sandbox.md)
+            ""
+            if sandbox.startswith(("bwrap", "landlock"))
+            else "env.name=python refuses to run: `make setup` (bubblewrap, libseccomp); docs/sandbox.md",
+        )
+    )
     for pkg, extra in (
         ("tensorboard", "tensorboard"),
         ("wandb", "wandb"),

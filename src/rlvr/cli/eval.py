@@ -182,7 +182,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.data and args.sets:
         raise ValueError("--sets picks the config's eval sets; it cannot be used with --data")
     source = resolve_source(args.model, args.run)
-    cfg_path = args.config or (source.run_dir / "config.yaml" if source.run_dir else None)
+    cfg_path = args.config or source.config_file  # the run's, or a merged folder's copy
     overrides = [*args.overrides, *_cli_overrides(args)]
     if args.data:
         overrides.append("eval.sets=[]")  # --data replaces the config's sets by one set

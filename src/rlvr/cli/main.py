@@ -1,4 +1,5 @@
-"""The `rlvr` command: train | eval | data | preflight | report | merge | doctor | rollout-server."""
+"""The `rlvr` command: train | eval | data | preflight | report | merge | config | doctor |
+rollout-server."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ examples:
   rlvr train -c run.yaml --dry-run              # the plan, checked; no weights loaded
   rlvr train --resume runs/drgrpo-arithmetic-...  # continue from its newest complete checkpoint
   rlvr train -c run.yaml train.run_name=r1 --resume auto  # first start and every requeue alike
-  rlvr merge runs/NAME/checkpoints/step_000020  # LoRA adapter + base -> one HF model
+  rlvr merge runs/NAME                          # LoRA adapter + base -> one HF model
   rlvr preflight -c run.yaml --nproc 8          # the LR schedule, the memory plan, their checks
   rlvr eval runs/drgrpo-arithmetic-.../final --run runs/drgrpo-arithmetic-...
   rlvr report runs/a runs/b                     # plots + one HTML page, runs overlaid
   rlvr data prepare --input raw.jsonl --out data/ --splits train=1000,test=200
   rlvr doctor                                   # what is installed and usable here
+  rlvr config -c run.yaml                       # every key: its value, default and meaning
 
 exit codes: 0 ok, 1 error, 2 bad config or input, 3 stopped by the health gate,
   4 preempted (SIGTERM/SIGUSR1, train.stop_signals: the last finished step checkpointed),
@@ -198,7 +200,22 @@ def cmd_rollout_server(args: argparse.Namespace) -> int:
     from rlvr.rollout.server_launch import serve_forever
 
     cfg = load_config(args.config, args.overrides or [])
-    return serve_forever(cfg, port=args.port, host=args.host)
+    token_file = Path(args.token_file) if args.token_file else None
+    return serve_forever(cfg, port=args.port, host=args.host, token_file=token_file)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from rlvr.config import load_config
+    from rlvr.config.reference import reference_markdown, reference_text
+
+    if args.markdown:
+        print(reference_markdown(), end="")
+        return 0
+    cfg = load_config(args.config, args.overrides)
+    for note in cfg.inferred().values():
+        print(f"# inferred: {note}")
+    print(reference_text(cfg))
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -270,7 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     # (its arguments live here: importing rlvr.checkpoint.merge imports torch, which `rlvr train` must not
     # pay for before it may start itself again with another malloc)
     p = sub.add_parser("merge", help="merge a LoRA checkpoint into its base model (HF folder)")
-    p.add_argument("checkpoint", help="RUN_DIR/checkpoints/step_N of a LoRA run (or RUN_DIR/final)")
+    p.add_argument(
+        "checkpoint",
+        help="a LoRA run's directory (its final/ adapter, else its newest checkpoint), "
+        "RUN_DIR/final or RUN_DIR/checkpoints/step_N",
+    )
     p.add_argument("--out", help="output folder (default RUN_DIR/merged/<checkpoint name>)")
     p.add_argument("--base", help="base model (default: model.name_or_path of the run's config)")
     p.set_defaults(func=cmd_merge)
@@ -282,8 +303,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_config_args(p)
     p.add_argument("--port", type=int, help="port (default rollout.server_port)")
-    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default all)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface, for trainers "
+        "on other machines)",
+    )
+    p.add_argument(
+        "--token-file",
+        help="where a new token goes when RLVR_ROLLOUT_TOKEN is unset (default "
+        "rollout-server-PORT.token here, mode 0600); every request but GET /health needs it",
+    )
     p.set_defaults(func=cmd_rollout_server)
+
+    p = sub.add_parser(
+        "config",
+        help="every config key with its value (the defaults, or -c run.yaml and overrides "
+        "resolved), its default and its meaning; --markdown: the reference page "
+        "(docs/config.md)",
+    )
+    _add_config_args(p)
+    p.add_argument("--markdown", action="store_true", help="the defaults as a Markdown table")
+    p.set_defaults(func=cmd_config)
 
     p = sub.add_parser(
         "doctor", help="what is installed and usable here, and what to do about the rest"
@@ -310,7 +351,17 @@ def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None
     return args
 
 
+def _search_the_working_directory() -> None:
+    """A reward or environment named ``my_module:fn`` is found in the directory rlvr runs in,
+    as ``python -m rlvr`` finds it (the ``rlvr`` script puts only its own folder on the path).
+    Appended, so it never shadows an installed package; sandbox workers inherit the path."""
+    cwd = os.getcwd()
+    if cwd not in [os.path.abspath(p or ".") for p in sys.path]:
+        sys.path.append(cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _search_the_working_directory()
     parser = build_parser()
     args = parse_args_any_order(parser, argv)
     args.own_process = argv is None  # the command line of this process, not a call from Python

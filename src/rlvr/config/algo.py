@@ -15,19 +15,21 @@ class MaxEntConfig(Section):
     tau: float = Field(0.5, description="Entropy temperature tau of the listwise target.")
     q_temperature: float = Field(2.0, description="Temperature of q = softmax(r / q_temperature).")
     q_eps: float = Field(1e-6, description="Floor of q: q <- q (1 - K q_eps) + q_eps.")
-    length_normalize_ref: bool = True
-    length_normalize_policy: bool = True
-    skip_zero_variance_groups: bool = True
-    use_clip_objective: bool = True
-    clip_objective_coef: float = 1.0
+    length_normalize_ref: bool = Field(True, description="Reference log-probs per token.")
+    length_normalize_policy: bool = Field(True, description="Policy log-probs per token.")
+    skip_zero_variance_groups: bool = Field(
+        True, description="Groups whose rewards are all equal add no listwise loss."
+    )
+    use_clip_objective: bool = Field(True, description="Add the clipped policy-gradient term.")
+    clip_objective_coef: float = Field(1.0, description="Weight of the clipped term.")
 
 
 class PPOConfig(Section):
-    value_lr: float = Field(1e-5, gt=0)
-    value_clip: float = Field(0.2, gt=0)
-    gamma: float = Field(1.0, ge=0, le=1)
-    lam: float = Field(0.95, ge=0, le=1)
-    value_coef: float = Field(1.0, gt=0)
+    value_lr: float = Field(1e-5, gt=0, description="Learning rate of the value head.")
+    value_clip: float = Field(0.2, gt=0, description="Clip of the value update.")
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    value_coef: float = Field(1.0, gt=0, description="Weight of the value loss.")
     whiten_advantages: bool = Field(
         True,
         description="Whiten GAE advantages over the batch's valid tokens (verl always does, "
@@ -45,7 +47,7 @@ class PSGRPOStepsConfig(Section):
     tag_token: str = Field(
         "ки", description="Token the HF PRM scores after each step (URSA style)."
     )
-    label_index: int = 0
+    label_index: int = Field(0, description="The HF PRM's output column of a good step.")
 
 
 # The rollout correction vLLM rollouts get where the config sets none
@@ -57,23 +59,28 @@ VLLM_ROLLOUT_CORRECTION: dict[str, str] = {"level": "token", "action": "truncate
 class RolloutCorrectionConfig(Section):
     """Importance correction of the engine/trainer mismatch and of stale rollouts
     (docs/rollout.md, "Rollout correction"). The ratio is exp(trainer old log-prob - engine
-    log-prob) per token; ``level=sequence`` takes one ratio per sequence, the geometric mean of
-    its token ratios."""
+    log-prob) per token; ``level=sequence`` takes one ratio per sequence, the product of its
+    token ratios (the sequence's importance ratio, as verl and TRL take it); ``level=geometric``
+    their geometric mean."""
 
-    level: Literal["off", "token", "sequence"] = Field(
+    level: Literal["off", "token", "sequence", "geometric"] = Field(
         "off",
-        description="off | token (one ratio per token) | sequence (geometric mean). Unset, with "
+        description="off | token (one ratio per token) | sequence (the product of the token "
+        "ratios, log-sum clamped to [-20, 20]) | geometric (their geometric mean). Unset, with "
         "vLLM rollouts and an objective that takes a correction: VLLM_ROLLOUT_CORRECTION's, "
         "chosen by measurement (docs/rollout.md); set off to turn it off.",
     )
-    action: Literal["truncate", "mask"] = Field(
+    action: Literal["truncate", "mask", "reject"] = Field(
         "truncate",
-        description="truncate: weight min(ratio, cap); mask: weight 0 where the ratio leaves "
-        "[low, cap] (IcePop-style two-sided mask), else 1.",
+        description="truncate: weight min(ratio, cap); mask: the ratio where it lies in "
+        "[low, cap], 0 outside (TRL's token_mask/sequence_mask, IcePop's two-sided mask); "
+        "reject: 1 inside [low, cap], 0 outside (a rejection without importance weights).",
     )
     cap: float = Field(2.0, gt=0, description="C: the truncation cap, or the mask's upper bound.")
     low: float | None = Field(
-        None, gt=0, description="The mask's lower bound; None: 1 / cap. Only with action=mask."
+        None,
+        gt=0,
+        description="The mask's lower bound; None: 1 / cap. Only with action=mask or reject.",
     )
 
     def bounds(self) -> tuple[float, float]:
@@ -142,24 +149,28 @@ class AlgoConfig(Section):
         "long prompts and short replies). The whole pass runs anyway under gradient "
         "checkpointing, FSDP2/DDP and for vision inputs (training/shared_prompt.py).",
     )
-    clip_low: float = Field(0.2, ge=0.0)
+    clip_low: float = Field(0.2, ge=0.0, description="PPO clip below: ratio >= 1 - clip_low.")
     clip_high: float = Field(
         0.2, ge=0.0, description="Set above clip_low for clip-higher (e.g. 0.28)."
     )
     dual_clip: float | None = Field(None, description="Dual-clip constant c > 1, or None.")
     # = rlvr.algorithms.LOG_RATIO_CLAMP (config imports no torch; a test keeps the two equal)
-    log_ratio_clamp: float = Field(20.0, gt=0)
+    log_ratio_clamp: float = Field(20.0, gt=0, description="|log ratio| is clamped to this.")
     loss_agg: str = Field(
         "auto",
         description="token_mean | seq_mean_token_mean | seq_mean_token_sum_norm; 'auto' picks the objective's own.",
     )
     beta: float = Field(0.0, ge=0.0, description="KL coefficient; > 0 loads a reference policy.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_mode: Literal["loss", "reward"] = "loss"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="KL estimator (k3: verl's low_var_kl, k1: kl, k2: mse)."
+    )
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss", description="The KL as a loss term (verl use_kl_loss) or a reward penalty."
+    )
     kl_target: float | None = Field(None, description="Adaptive KL target; None keeps beta fixed.")
-    kl_horizon: int = 10000
-    entropy_coef: float = 0.0
-    adv_eps: float = 1e-6
+    kl_horizon: int = Field(10000, description="Horizon of the adaptive KL controller.")
+    entropy_coef: float = Field(0.0, description="Entropy bonus coefficient.")
+    adv_eps: float = Field(1e-6, description="Added to the group's std (grpo).")
     dynamic_sampling: bool = Field(
         False,
         description="DAPO dynamic sampling: draw fresh prompts until the step has "

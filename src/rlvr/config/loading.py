@@ -5,15 +5,15 @@ cfg = load_config("run.yaml", ["algo.group_size=4", "train.lr=2e-6"])
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlvr.config.base import ConfigError
+from rlvr.config.peer_names import PEER_NAMES, near_miss, unknown_key_message
 from rlvr.config.sections import Config
 
 
@@ -28,55 +28,29 @@ def known_keys(model_cls: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
-# Names users bring from TRL / OAT / OpenRLHF / verl, mapped to ours for the "did you mean" hint.
-ALIASES = {
-    "learning_rate": "train.lr",
-    "lr_scheduler": "train.schedule",
-    "lr_scheduler_type": "train.schedule",
-    "num_samples": "algo.group_size",
-    "num_generations": "algo.group_size",
-    "n_samples_per_prompt": "algo.group_size",
-    "kl_coef": "algo.beta",
-    "init_kl_coef": "algo.beta",
-    "kl_penalty_coef": "algo.beta",
-    "generate_max_length": "rollout.max_new_tokens",
-    "max_completion_length": "rollout.max_new_tokens",
-    "max_tokens": "rollout.max_new_tokens",
-    "generate_max_len": "rollout.max_new_tokens",
-    "epsilon": "algo.clip_low",
-    "epsilon_high": "algo.clip_high",
-    "eps_clip": "algo.clip_low",
-    "loss_type": "algo.objective",
-    "adv_estimator": "algo.objective",
-    "num_ppo_epochs": "algo.epochs_per_batch",
-    "num_iterations": "algo.epochs_per_batch",
-    "max_grad_norm": "train.max_grad_norm",
-    "model": "model.name_or_path",
-    "pretrain": "model.name_or_path",
-    "prompt_template": "data.template",
-    "max_steps": "train.max_steps",
-    "seed": "train.seed",
-    "warmup_steps": "train.warmup_steps",
-    "beta": "algo.beta",
-    "lora_rank": "model.lora.rank",
-}
+# The peers' names mapped to ours (rlvr.config.peer_names); kept under this name for importers.
+ALIASES = {name: key for name, (key, _) in PEER_NAMES.items() if key is not None}
+
+
+def _leaves(value: Any, prefix: str) -> list[str]:
+    """The dotted leaf keys under ``prefix`` of a nested mapping (``prefix`` itself if not one)."""
+    if not isinstance(value, dict) or not value:
+        return [prefix]
+    return [leaf for k, v in value.items() for leaf in _leaves(v, f"{prefix}.{k}")]
 
 
 def _check_keys(data: dict, model_cls: type[BaseModel], prefix: str = "") -> None:
-    """Raise ConfigError for the first unknown key, suggesting the closest valid dotted key."""
+    """Raise ConfigError for the first unknown key: what a peer framework means by it, or the
+    valid key it is a typo of (rlvr.config.peer_names)."""
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in model_cls.model_fields:
-            known = known_keys(model_cls, prefix)
-            close = [ALIASES[key]] if key in ALIASES else []
-            close = close or difflib.get_close_matches(dotted, known, n=1, cutoff=0.5)
-            if not close:  # try the key alone against every leaf name anywhere in the config
-                all_keys = known_keys(Config)
-                leaf = {k.rsplit(".", 1)[-1]: k for k in all_keys}
-                best = difflib.get_close_matches(key, list(leaf), n=1, cutoff=0.6)
-                close = [leaf[best[0]]] if best else []
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+            leaves = _leaves(value, dotted) if isinstance(value, dict) else []
+            raise ConfigError(
+                unknown_key_message(
+                    dotted, leaves, list(model_cls.model_fields), known_keys(Config)
+                )
+            )
         ann = model_cls.model_fields[key].annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel) and isinstance(value, dict):
             _check_keys(value, ann, dotted + ".")
@@ -110,10 +84,38 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The config model that holds the key at ``loc`` (list positions skipped): the model of
+    ``reward.specs[0]`` for ``("reward", "specs", 0, "weigth")``."""
+    model: type[BaseModel] = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = [ann, *get_args(ann), *(a for x in get_args(ann) for a in get_args(x))]
+        found = [a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not found:
+            return None
+        model = found[0]
+    return model
+
+
 def _format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"])
+        where = [f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]]
+        loc = "".join(where).lstrip(".")
+        model = _model_at(err["loc"]) if err["type"] == "extra_forbidden" else None
+        if model is not None:  # a typo inside a list item (a reward spec): say what it may be
+            key, known = str(err["loc"][-1]), list(model.model_fields)
+            close = near_miss(key, known)
+            hint = f"; did you mean {close!r}?" if close else ""
+            at = "".join(where[:-1]).lstrip(".")
+            lines.append(f"{at}: unknown key {key!r}{hint} (known: {', '.join(known)})")
+            continue
         lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
     return "invalid config value:\n  - " + "\n  - ".join(lines)
 

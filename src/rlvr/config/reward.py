@@ -17,9 +17,14 @@ class RewardSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    weight: float = 1.0
-    kwargs: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(
+        description="A built-in (math, gsm8k, countdown, ...) or your function as "
+        "'module:function' (importable: the directory rlvr runs in, or PYTHONPATH)."
+    )
+    weight: float = Field(1.0, description="Its weight in the sum of rewards.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments of every call."
+    )
 
     @field_validator("weight")
     @classmethod
@@ -34,8 +39,10 @@ class RewardConfig(Section):
         default_factory=list,
         description="Rewards and weights; empty picks the task's own reward (math / countdown).",
     )
-    timeout_s: float = Field(5.0, gt=0)
-    max_failure_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    timeout_s: float = Field(5.0, gt=0, description="Longest time one reward call may take.")
+    max_failure_fraction: float = Field(
+        0.5, ge=0.0, le=1.0, description="More of a batch failing to score stops the run."
+    )
     overlong_buffer: int = Field(
         0,
         ge=0,

@@ -1,8 +1,9 @@
 """The sections of the run config (model, data, rollout, algo, train, logging) and the root `Config`.
 
 Pure data: importing this module loads pydantic and yaml only. The checks that relate knobs to
-each other live in `rlvr.config.validate` (`Config.validate()` calls them); the checks that need
-other packages (an objective's own rules, reward specs) in `rlvr.training.preflight.checks`.
+each other live in `rlvr.config.validate` (``problems(cfg)``, ``check(cfg)``), which reads these
+sections and is not imported here; the checks that need other packages (an objective's own rules,
+reward specs) in `rlvr.training.preflight.checks`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from rlvr.config import validate
 from rlvr.config.algo import AlgoConfig
-from rlvr.config.base import ConfigError, Section
+from rlvr.config.base import Section
 from rlvr.config.env import EnvConfig, with_task_defaults
 from rlvr.config.eval import EvalConfig
 from rlvr.config.health import HealthConfig
+from rlvr.config.inferred import infer
 from rlvr.config.lora import LoraConfig
 from rlvr.config.reward import RewardConfig
+from rlvr.config.sandbox import SandboxConfig
 
 TEMPLATES = ("chat", "r1", "qwen_math", "none")
 
@@ -48,7 +50,10 @@ class ModelConfig(Section):
         "eager runs without repeating the key/value heads and both take the packed update "
         "(model/attention.py, model/packed_rows.py).",
     )
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute activations in the backward (less memory, ~30% slower update).",
+    )
     lean_backward: bool = Field(
         True,
         description="Keep less for the backward with the same arithmetic: linears under "
@@ -90,19 +95,25 @@ class DataConfig(Section):
         "save_to_disk) or a hub id 'hf:owner/name?config=C&split=S&revision=R' (rlvr.data.hub).",
     )
     eval_path: str | None = Field(None, description="Held-out rows; the same forms as train_path.")
-    prompt_field: str = "prompt"
-    answer_field: str = "answer"
+    prompt_field: str = Field(
+        "prompt", description="The row field holding the problem text (e.g. question)."
+    )
+    answer_field: str = Field(
+        "answer", description="The row field holding the reference answer, given to rewards."
+    )
     answer_extract: Literal["none", "gsm8k", "boxed"] = Field(
         "none",
         description="Reference answer inside answer_field: none (as is), gsm8k (after '#### '), "
         "boxed (the last \\boxed{} of a solution).",
     )
-    system_prompt: str | None = None
+    system_prompt: str | None = Field(
+        None, description="A system message put before every prompt (chat templates)."
+    )
     template: Literal["chat", "r1", "qwen_math", "none"] = Field(
         "chat", description="How a problem becomes the text the model sees."
     )
     max_prompt_tokens: int = Field(256, gt=0, description="Prompts longer than this are an error.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of a built-in task's rows.")
 
 
 class RolloutConfig(Section):
@@ -120,10 +131,15 @@ class RolloutConfig(Section):
         "tested against (benchmarks/studies/sampler_ab.py compares how fast each learns). Image prompts "
         "always use generate.",
     )
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling of rollouts.")
     top_k: int = Field(0, ge=0, description="0 disables top-k.")
-    max_new_tokens: int = Field(48, gt=0)
+    max_new_tokens: int = Field(
+        48,
+        gt=0,
+        description="Most tokens of one reply; longer replies are cut (truncation_rate). "
+        "Evaluations use it too unless eval.max_new_tokens is set.",
+    )
     stop: list[str] = Field(
         default_factory=list, description="Stop strings (kept in the completion)."
     )
@@ -131,9 +147,11 @@ class RolloutConfig(Section):
         64, gt=0, description="Sequences sampled together in one batch (hf engine)."
     )
     # vLLM knobs (ignored by the hf engine)
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0)
-    tensor_parallel_size: int = Field(1, ge=1)
-    enforce_eager: bool = True
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="vLLM: share of the GPU memory its engine may take."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs per engine.")
+    enforce_eager: bool = Field(True, description="vLLM: no CUDA graphs (faster start).")
     sync_every: int = Field(
         1, ge=1, description="Push trained weights to the engine every N steps."
     )
@@ -189,23 +207,34 @@ class RolloutConfig(Section):
 
 
 class TrainConfig(Section):
-    lr: float = Field(2e-5, gt=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    lr: float = Field(
+        2e-5,
+        gt=0,
+        description="Peak learning rate (AdamW). With model.lora.enabled and no lr given: "
+        "10x this default, 2e-4 (rlvr.config.inferred).",
+    )
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate schedule after the warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warmup to train.lr.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0.0, le=1.0, description="cosine/linear: the last step's lr as a share of lr."
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field(
         (0.9, 0.999), description="AdamW betas, each in [0, 1)."
     )
-    max_grad_norm: float = Field(1.0, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     max_steps: int = Field(20, gt=0, description="Training steps (rollout batches).")
-    seed: int = 0
-    output_dir: str = "runs"
+    seed: int = Field(0, description="Seed of sampling, prompt order and initialisation.")
+    output_dir: str = Field("runs", description="Run directories go under this folder.")
     run_name: str | None = Field(None, description="Default: <objective>-<task>-<time>.")
     save_every: int = Field(
         0, ge=0, description="Checkpoint every N steps (0: only the final model)."
     )
-    max_checkpoints: int = Field(2, ge=1)
+    max_checkpoints: int = Field(
+        2, ge=1, description="Checkpoints kept (the best eval's is kept besides)."
+    )
     resume: str | None = Field(
         None,
         description="'auto' (newest complete checkpoint of run_name, if any) or a run directory.",
@@ -216,9 +245,10 @@ class TrainConfig(Section):
         "step, status 'preempted', exit code 4 (a cluster's preemption; [] keeps their defaults).",
     )
     stop_grace_s: float = Field(
-        60.0,
+        20.0,
         ge=0,
-        description="An update under way when a stop signal comes may finish in this (0: none).",
+        description="An update under way when a stop signal comes may finish in this (0: none); "
+        "below the 30 s Slurm and Kubernetes give by default before SIGKILL, less the save.",
     )
     threads: int = Field(0, ge=0, description="torch threads; 0 leaves torch's default.")
     allocator: Literal["auto", "tcmalloc", "jemalloc", "system"] = Field(
@@ -246,13 +276,18 @@ class TrainConfig(Section):
 
 class LoggingConfig(Section):
     samples_every: int = Field(
-        5, ge=0, description="Write sampled completions every N steps (0: never)."
+        5,
+        ge=0,
+        description="Write sampled completions every N steps, and at the first and last step "
+        "(0: never).",
     )
-    spike_threshold: float = Field(50.0, gt=0)
-    tensorboard: bool = False
-    wandb: bool = False
-    wandb_project: str | None = None
-    progress: bool = True
+    spike_threshold: float = Field(
+        50.0, gt=0, description="grad_norm above this records the step's prompts in spikes.jsonl."
+    )
+    tensorboard: bool = Field(False, description="Also log to TensorBoard (rlvr[tensorboard]).")
+    wandb: bool = Field(False, description="Also log to Weights & Biases (rlvr[wandb]).")
+    wandb_project: str | None = Field(None, description="The W&B project (default: rlvr).")
+    progress: bool = Field(True, description="Draw the progress bar.")
 
 
 class Config(Section):
@@ -266,6 +301,8 @@ class Config(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    _inferred: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -273,6 +310,21 @@ class Config(Section):
         """A built-in task's episode settings (data.task=calc_tool: the calculator), unless the
         config gives env.name (rlvr.config.env.TASK_DEFAULTS)."""
         return with_task_defaults(data)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _inferred_settings(cls, data: Any, handler: Any) -> Any:
+        """Settings that follow from other knobs the config gives (rlvr.config.inferred)."""
+        data, notes = infer(data)
+        cfg = handler(data)
+        if notes and isinstance(cfg, Config):
+            cfg._inferred = notes
+        return cfg
+
+    def inferred(self) -> dict[str, str]:
+        """What this config's loading inferred: dotted key -> the sentence that announces it
+        (a run prints them on its first lines)."""
+        return dict(self._inferred)
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -299,11 +351,6 @@ class Config(Section):
         )
 
     # ------------------------------------------------------------------ guardrails
-    def problems(self) -> list[str]:
-        """The contradictions among this config's own knobs, each naming the knob and the rule
-        it breaks (a run checks more: `rlvr.training.preflight.checks.config_problems`)."""
-        return validate.problems(self)
-
     def validate_against_model(self, context_length: int | None) -> list[str]:
         """Checks that need the model's config.json (read without loading weights)."""
         if context_length is None:
@@ -316,13 +363,6 @@ class Config(Section):
                 f"({context_length} tokens)"
             ]
         return []
-
-    def validate(self) -> Config:
-        """This config, or ConfigError listing ``problems()``."""
-        probs = self.problems()
-        if probs:
-            raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
-        return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

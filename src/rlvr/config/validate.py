@@ -1,24 +1,25 @@
-"""The checks that relate knobs to each other within the config; `Config.validate()` runs them.
+"""The checks that relate knobs to each other within the config: ``problems(cfg)`` lists them,
+``check(cfg)`` raises on any.
 
 Each message names the knob and the rule it breaks. Checks that need another package (an
 objective's own rules from its registry, reward specs, data paths, loss aggregation names) live in
-`rlvr.training.preflight.checks`, which runs these first: config stays a leaf.
+`rlvr.training.preflight.checks`, which runs these first: config stays a leaf. The rules read the
+sections (`rlvr.config.sections`), which do not import them back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from rlvr.config.base import ConfigError
 from rlvr.config.env import env_problems
-
-if TYPE_CHECKING:
-    from rlvr.config.sections import Config
+from rlvr.config.sections import Config
 
 TASKS = ("arithmetic", "countdown", "shapes", "calc_tool", "file")
 
 
 def problems(cfg: Config) -> list[str]:
-    """The contradictions among ``cfg``'s own knobs (an empty list when there are none)."""
+    """The contradictions among ``cfg``'s own knobs (an empty list when there are none), each
+    naming the knob and the rule it breaks (a run checks more:
+    `rlvr.training.preflight.checks.config_problems`)."""
     out: list[str] = []
     a = cfg.algo
     if a.group_size <= 1:
@@ -40,15 +41,17 @@ def problems(cfg: Config) -> list[str]:
             "algo.tis_cap and algo.rollout_correction are both set: algo.tis_cap=C is "
             "algo.rollout_correction level=token action=truncate cap=C; keep one"
         )
-    if rc.action == "mask" and rc.level != "off":
+    if rc.action in ("mask", "reject") and rc.level != "off":
         low, high = rc.bounds()
         if not low < 1.0 < high:
             out.append(
                 f"algo.rollout_correction: the mask keeps ratios in [low={low:g}, cap={high:g}], "
                 "which must contain 1 (low < 1 < cap)"
             )
-    if rc.low is not None and rc.action != "mask":
-        out.append("algo.rollout_correction.low is the mask's lower bound: set action=mask")
+    if rc.low is not None and rc.action == "truncate":
+        out.append(
+            "algo.rollout_correction.low is the mask's lower bound: set action=mask (or reject)"
+        )
     if cfg.reward.overlong_buffer > cfg.rollout.max_new_tokens:
         out.append(
             f"reward.overlong_buffer={cfg.reward.overlong_buffer} must be <= "
@@ -61,6 +64,14 @@ def problems(cfg: Config) -> list[str]:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:
         out.append("data.task=file needs data.train_path")
+    given = [k for k in ("train_path", "eval_path") if getattr(cfg.data, k)]
+    if cfg.data.task != "file" and given:
+        paths = " and ".join(f"data.{k}" for k in given)
+        out.append(
+            f"data.task={cfg.data.task} generates its own rows, so {paths} would be ignored: "
+            f"drop data.task (a data path alone means data.task=file) or drop {paths} (a "
+            "further held-out file: eval.sets with a path)"
+        )
     if cfg.data.task == "shapes" and cfg.data.template != "chat":
         out.append(
             f"data.task=shapes with data.template={cfg.data.template}: image rows need "
@@ -82,3 +93,11 @@ def problems(cfg: Config) -> list[str]:
             "the run would end before reaching its peak learning rate"
         )
     return out
+
+
+def check(cfg: Config) -> Config:
+    """``cfg``, or ConfigError listing ``problems(cfg)``."""
+    probs = problems(cfg)
+    if probs:
+        raise ConfigError("invalid config:\n  - " + "\n  - ".join(probs))
+    return cfg

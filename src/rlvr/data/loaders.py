@@ -192,7 +192,20 @@ def _missing(role: str, name: str, value: dict, present: str) -> BadRecord:
     """A missing field and a null one read differently; both are "missing_field" when counted."""
     if name in value:
         return BadRecord("missing_field", f"{role} field {name!r} is null")
-    return BadRecord("missing_field", f"no {role} field {name!r} (fields present: {present})")
+    likely = next((k for k in _LIKELY[role] if k in value), None)
+    knob = f"data.{role}_field"
+    hint = f"{knob}={likely}" if likely else f"{knob}=<the field that holds it>"
+    return BadRecord(
+        "missing_field",
+        f"no {role} field {name!r} (fields present: {present}); name it with {hint}",
+    )
+
+
+# the names a row's prompt and answer usually go by, in the order one is suggested
+_LIKELY = {
+    "prompt": ("question", "problem", "query", "input", "instruction", "text"),
+    "answer": ("solution", "target", "label", "output", "ground_truth", "final_answer"),
+}
 
 
 def _answer_to_str(raw: Any, answer_field: str) -> str:

@@ -18,32 +18,64 @@ R1_TEMPLATE = (
 )
 
 # Qwen2.5-Math's system prompt with its chat markup written out (works with any tokenizer).
+QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 QWEN_MATH_TEMPLATE = (
-    "<|im_start|>system\nPlease reason step by step, and put your final answer within \\boxed{{}}."
-    "<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    "<|im_start|>system\n"
+    + QWEN_MATH_SYSTEM.replace("{}", "{{}}")
+    + "<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
 )
 
 
-# data.template=none as a dialogue (the prompts and turns of episodes, rlvr.envs.turns): each
-# message a paragraph labelled "User:" or "Assistant:" (a system message unlabelled, first, as
-# the single-turn template writes it), ending with the cue the model answers after. An
-# environment turn continues the same dialogue (PLAIN_TURN), so a prompt, the model's turn and
-# the environment's read as the prompt of the longer conversation.
-PLAIN_SEP = "\n\n"
-PLAIN_CUE = "Assistant:"
-PLAIN_TURN = PLAIN_SEP + "User: {observation}" + PLAIN_SEP + PLAIN_CUE
+# data.template=none has no chat markup; a conversation (an episode's, rlvr.envs.turns) is written
+# as a plain dialogue: each user turn (any role but the assistant's and the system's) after
+# PLAIN_USER, each assistant turn after PLAIN_CUE + " ", turns joined by a blank line, the text
+# ending with PLAIN_CUE where the model's turn begins. An environment turn after a model turn is
+# PLAIN_TURN: the same dialogue's next two lines.
+PLAIN_USER, PLAIN_CUE = "User: ", "Assistant:"
+PLAIN_TURN = "\n\n" + PLAIN_USER + "{observation}\n\n" + PLAIN_CUE
 
 
-def render_plain_messages(messages: list[dict]) -> str:
-    """``messages`` (``[{"role", "content"}, ...]``) as the plain dialogue of data.template=none,
-    ending with the cue of the model's turn."""
-    parts = [
-        m["content"]
-        if m["role"] == "system"
-        else f"{'Assistant' if m['role'] == 'assistant' else 'User'}: {m['content']}"
-        for m in messages
-    ]
-    return PLAIN_SEP.join([*parts, PLAIN_CUE])
+def _chat_template(tokenizer) -> None:
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "data.template=chat needs a tokenizer with a chat template; "
+            "use data.template=none, r1 or qwen_math for this model"
+        )
+
+
+def chatml(messages: list[dict]) -> str:
+    """ChatML written out (qwen_math's markup), for any tokenizer."""
+    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+
+
+def render_messages(
+    template: str, messages: list[dict], tokenizer=None, system_prompt: str | None = None
+) -> str:
+    """The text of a conversation (``[{"role", "content"}, ...]``, an episode's prompt) under
+    ``template``, ending where the model's turn begins; ``system_prompt`` opens it unless the
+    messages have a system message (qwen_math: its own, as its questions). The same rendering as a
+    question's (`render_prompt`) and as an environment's turns (rlvr.envs.turns): under chat and
+    qwen_math a single user message renders as that question does; under none a question is the
+    text as is, a conversation the plain dialogue of ``PLAIN_TURN``."""
+    messages = list(messages)
+    if template == "qwen_math":  # its own system prompt, as its questions have (render_prompt)
+        system_prompt = system_prompt if messages[0]["role"] == "system" else QWEN_MATH_SYSTEM
+    if system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system_prompt})
+    if template == "chat":
+        _chat_template(tokenizer)
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if template == "qwen_math":
+        return chatml(messages) + "<|im_start|>assistant\n"
+    if template == "none":
+        parts = [
+            m["content"]
+            if m["role"] == "system"
+            else (f"{PLAIN_CUE} " if m["role"] == "assistant" else PLAIN_USER) + m["content"]
+            for m in messages
+        ]
+        return "\n\n".join(parts) + "\n\n" + PLAIN_CUE
+    raise ValueError(f"data.template={template!r}: no conversation format (chat, qwen_math, none)")
 
 
 def render_prompt(
@@ -51,15 +83,9 @@ def render_prompt(
 ) -> str:
     """The exact text given to the model for ``question`` under ``template``."""
     if template == "chat":
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
-                "data.template=chat needs a tokenizer with a chat template; "
-                "use data.template=none, r1 or qwen_math for this model"
-            )
-        messages = [{"role": "user", "content": question}]
-        if system_prompt:
-            messages.insert(0, {"role": "system", "content": system_prompt})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_messages(
+            "chat", [{"role": "user", "content": question}], tokenizer, system_prompt
+        )
     if template == "r1":
         return R1_TEMPLATE.format(question=question)
     if template == "qwen_math":

@@ -1,112 +1,63 @@
-"""Run one Python snippet of the Python tool: called inside a sandbox worker (a killable child of
-the trainer, rlvr.rewards.sandbox), which starts a fresh interpreter for the snippet.
+"""Run one snippet of the Python tool in the sandbox (rlvr.sandbox) and word its result for the
+model: what it printed (stdout, then stderr), cut to ``max_output_chars``, and a closing note
+when a limit ended it ("[timed out after 5.0 s]", "[memory limit: 512 MB]", ...).
 
-The snippet's interpreter (``python -I -S``: no site, no user paths, no environment variables
-of ours) runs in a new empty directory under limits: address space (``memory_mb``), CPU time
-and wall time (``timeout_s``), size of any file it writes (the captured output included). Before
-the snippet runs, an audit hook (PEP 578, which cannot be removed) refuses network sockets,
-writes and removals outside the directory, new processes, signals and native libraries (ctypes).
-Reading files is allowed. Its output (stdout and stderr together) comes back cut to
-``max_output_chars``; the directory is removed afterwards.
+The snippet is the file ``snippet.py`` in the call's working folder, run by the sandbox's
+``python3`` (the standard library only). Everything that holds it in (no network, no view of
+the trainer's files, processes or environment, limits over its whole process tree) is the
+sandbox's: nothing runs inside the snippet's interpreter to police it.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
+from rlvr.sandbox import Limits, Result, default_limits, get_sandbox
 
-# Runs first in the snippet's interpreter; the snippet's code is read from the file 'snippet.py'.
-BOOT = r"""
-import os, sys
-_DIR = os.path.realpath(os.getcwd())
-_W = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_DENY = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-         "os.fork", "os.forkpty", "os.kill", "os.killpg", "ctypes.", "os.putenv", "os.unsetenv",
-         "pty.", "sys.setprofile", "sys.settrace")
-_PATHS = ("os.remove", "os.rename", "os.replace", "os.mkdir", "os.rmdir", "os.chmod",
-          "os.chown", "os.link", "os.symlink", "os.truncate", "os.utime", "shutil.rmtree",
-          "shutil.copyfile", "shutil.move", "os.chdir", "os.chroot", "os.mkfifo", "os.mknod")
+NOTES = {
+    "memory": "[memory limit: {memory_mb} MB]",
+    "cpu": "[CPU time limit: {cpu_s} s]",
+    "processes": "[process limit: {processes}]",
+    "files": "[file limit: {files} files]",
+    "write": "[write limit: {write_bytes} bytes]",
+}
 
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    try:
-        p = os.path.realpath(os.fsdecode(os.fspath(path)))
-    except (TypeError, ValueError):
-        return False
-    return p == _DIR or p.startswith(_DIR + os.sep)
 
-def _hook(event, args):
-    if event.startswith(_DENY):
-        raise PermissionError(f"the Python tool does not allow {event}")
-    if event == "open":
-        path, mode, flags = (tuple(args) + (None, None, 0))[:3]
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _W)
-        if writing and not _inside(path):
-            raise PermissionError(f"the Python tool writes only inside its directory: {path}")
-    elif event in _PATHS:
-        for a in args[:2]:
-            if isinstance(a, (str, bytes, os.PathLike)) and not _inside(a):
-                raise PermissionError(f"the Python tool may not {event} outside its directory: {a}")
+def snippet_limits(timeout_s: float, memory_mb: int, max_output_chars: int) -> Limits:
+    """The sandbox limits of one tool call: the tool's own time and memory, output enough for
+    ``max_output_chars`` characters of UTF-8, the rest from the ``sandbox`` section."""
+    return default_limits(
+        wall_s=timeout_s,
+        cpu_s=timeout_s,
+        memory_mb=memory_mb,
+        output_bytes=max(4096, 4 * max_output_chars + 4),
+    )
 
-sys.addaudithook(_hook)
-del _hook
-_code = open("snippet.py").read()
-exec(compile(_code, "<tool>", "exec"), {"__name__": "__main__"})
-"""
+
+def word_result(r: Result, limits: Limits, max_output_chars: int) -> dict:
+    """``{"ok", "output", "timed_out", "limit"}`` as the tool answers the model."""
+    text = r.stdout + r.stderr
+    if len(text) > max_output_chars or r.limit == "output":
+        text = text[:max_output_chars] + "\n[output truncated]"
+    if r.timed_out:
+        text += f"\n[timed out after {limits.wall_s} s]"
+    elif r.limit in NOTES:
+        text += "\n" + NOTES[r.limit].format(**limits.__dict__)
+    elif r.returncode is not None and r.returncode < 0:
+        text += f"\n[killed by signal {-r.returncode}]"
+    ok = r.returncode == 0 and not r.timed_out and r.limit in (None, "output")
+    return {"ok": ok, "output": text, "timed_out": r.timed_out, "limit": r.limit}
 
 
 def run_snippet(
-    code: str, timeout_s: float = 5.0, memory_mb: int = 512, max_output_chars: int = 2000
+    code: str,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_output_chars: int = 2000,
+    sandbox: str | None = None,
 ) -> dict:
-    """Run ``code``; returns ``{"ok": exit code 0 and in time, "output": text, "timed_out"}``."""
-    workdir = tempfile.mkdtemp(prefix="rlvr-pytool-")
-    out_path = os.path.join(workdir, ".output")
-    try:
-        with open(os.path.join(workdir, "snippet.py"), "w") as f:
-            f.write(code)
-        limit_bytes = memory_mb * 1024 * 1024
-        file_bytes = max(64 * 1024, 4 * max_output_chars)
-
-        def limits() -> None:  # in the snippet's process, before it starts
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-            cpu = max(1, int(timeout_s) + 1)
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            os.setsid()
-
-        timed_out = False
-        with open(out_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", BOOT],
-                cwd=workdir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={"PATH": "/usr/bin:/bin", "PYTHONIOENCODING": "utf-8"},
-                preexec_fn=limits,  # noqa: PLW1509 - the child is a fresh interpreter, no threads
-            )
-            try:
-                code_ = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, 9)
-                code_ = proc.wait()
-        with open(out_path, "rb") as f:
-            text = f.read(4 * max_output_chars).decode("utf-8", "replace")
-        if len(text) > max_output_chars:
-            text = text[:max_output_chars] + "\n[output truncated]"
-        if timed_out:
-            text += f"\n[timed out after {timeout_s} s]"
-        elif code_ < 0:
-            text += f"\n[killed by signal {-code_}]"
-        return {"ok": code_ == 0 and not timed_out, "output": text, "timed_out": timed_out}
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    """Run ``code``; ``{"ok": exit 0 within the limits, "output": text, "timed_out", "limit"}``.
+    ``sandbox``: a ``sandbox.backend`` name (None: the run's)."""
+    limits = snippet_limits(timeout_s, memory_mb, max_output_chars)
+    r = get_sandbox(sandbox).run(
+        ["python3", "snippet.py"], files={"snippet.py": code}, limits=limits
+    )
+    return word_result(r, limits, max_output_chars)

@@ -14,29 +14,24 @@ EOS already closed the turn). Templates (``data.template``):
 
 - ``chat``: the tokenizer's own chat template;
 - ``qwen_math``: ChatML written out, as its prompt is (``data/templates.py``);
-- ``none``: plain text, ``"\\n\\nUser: {observation}\\n\\nAssistant:"`` (no template to follow);
-  a messages prompt is the same dialogue (``data.templates.render_plain_messages``).
+- ``none``: plain text, ``"\\n\\nUser: {observation}\\n\\nAssistant:"`` (no template to follow;
+  a prompt of messages is the same dialogue: ``data.templates.render_messages``).
 
 Known differences from ``apply_chat_template`` of the same messages (tested in
 tests/envs/test_turns.py): the template's text after the last assistant turn's EOS (ChatML's
 final newline) is not part of the episode; a template that rewrites earlier turns when later ones
 are added (one that strips reasoning from past assistant messages) renders those turns otherwise
-than the model produced them: the episode keeps the model's tokens (``prefix_stable`` tells).
+than the model produced them: the episode keeps the model's tokens (``prefix_stable`` tells; `rlvr.rollout.episodes` asks once
+per run and warns).
 """
 
 from __future__ import annotations
 
-import sys
-
-from rlvr.data.templates import PLAIN_TURN, render_plain_messages, render_prompt
+from rlvr.data.templates import PLAIN_TURN, render_messages, render_prompt
 
 _S1, _S2, _U = "\x00RLVR_MODEL\x00", "\x00RLVR_OBS\x00", "\x00RLVR_USER\x00"
 CHATML_TURN = "<|im_end|>\n<|im_start|>{role}\n{observation}<|im_end|>\n<|im_start|>assistant\n"
 TEMPLATES = ("chat", "qwen_math", "none")
-
-
-def _chatml_messages(messages: list[dict]) -> str:
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
 class TurnRenderer:
@@ -52,7 +47,6 @@ class TurnRenderer:
         self.eos_id = eos
         self.eos_text = tokenizer.convert_ids_to_tokens(eos) if eos is not None else None
         self._separators: dict[str, tuple[str, str]] = {}
-        self._checked: set[str] = set()  # roles whose prefix stability was checked
 
     # ------------------------------------------------------------------ prompts
     def prompt_text(self, prompt: str | list[dict], system_prompt: str | None = None) -> str:
@@ -62,16 +56,7 @@ class TurnRenderer:
         system = system_prompt or self.system_prompt
         if isinstance(prompt, str):
             return render_prompt(self.template, prompt, self.tokenizer, system)
-        messages = _check_messages(prompt)
-        if system and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": system}, *messages]
-        if self.template == "chat":
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        if self.template == "qwen_math":
-            return _chatml_messages(messages) + "<|im_start|>assistant\n"
-        return render_plain_messages(messages)
+        return render_messages(self.template, _check_messages(prompt), self.tokenizer, system)
 
     def prompt_ids(self, prompt: str | list[dict], system_prompt: str | None = None) -> list[int]:
         return self.encode(self.prompt_text(prompt, system_prompt))
@@ -140,28 +125,20 @@ class TurnRenderer:
         both = t.apply_chat_template(two, tokenize=False)
         return both.startswith(first)
 
-    def warn_if_unstable(self, role: str = "user") -> None:
-        """Say once per role (a run builds one renderer) when the template rewrites earlier
-        turns as later ones are added (``prefix_stable`` False: a reasoning template dropping
-        past ``<think>``): the episode trains each turn on the context the model produced,
-        which the template, and so inference over the whole conversation, renders otherwise."""
-        if role in self._checked:
-            return
-        self._checked.add(role)
-        try:
-            stable = self.prefix_stable(role)
-        except Exception:  # noqa: BLE001 - a role the template refuses fails its episodes anyway
-            return
-        if not stable:
-            print(
-                f"[rlvr] warning: data.template={self.template}: the tokenizer's chat template "
-                "rewrites earlier turns when later ones are added (e.g. it drops past <think> "
-                "reasoning); episodes keep each turn as the model produced it, so training sees "
-                "contexts that the template's rendering of the whole conversation never shows "
-                "(docs/environments.md)",
-                file=sys.stderr,
-                flush=True,
-            )
+    def rewrite_warning(self, role: str = "user") -> str | None:
+        """What to tell the user when the chat template rewrites earlier turns (``prefix_stable``
+        False), else None. An episode keeps the model's tokens, so from its second turn on the
+        trainer learns on contexts that inference, which renders the whole conversation with
+        the template again, never shows."""
+        if self.prefix_stable(role):
+            return None
+        name = getattr(self.tokenizer, "name_or_path", "") or "the tokenizer"
+        return (
+            f"data.template=chat: the chat template of {name} rewrites earlier turns when later "
+            "ones are added (e.g. it drops the <think> reasoning of past assistant turns); an "
+            "episode keeps the tokens the model produced, so from its second turn on training "
+            "sees contexts that inference with this template never shows (docs/environments.md)"
+        )
 
 
 def _check_messages(prompt: list) -> list[dict]:

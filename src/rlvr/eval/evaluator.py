@@ -125,6 +125,7 @@ def generate_records(
         [r["answer"] for r in flat_rows],
         flat_rows,
         [c.truncated for c in comps],
+        where="evaluation",
     )
     all_scores, all_valid = episode_scores(comps, scored.scores, scored.valid)
     records, k = [], 0
@@ -143,6 +144,8 @@ def generate_records(
                 for c, i, s, ok in zip(g, infos, scores, valid, strict=True)
             ],
             "scores": [float(s) for s in scores],
+            # a reply whose grading failed counts as wrong; this says which and why
+            "reward_errors": [scored.error(k + j) for j in range(n)],
             "finish_reasons": [c.finish_reason for c in g],
             "lengths": [c.model_token_count for c in g],
         }

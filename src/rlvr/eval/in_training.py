@@ -22,7 +22,7 @@ from rlvr.eval.early_stop import EarlyStopper
 from rlvr.eval.engine import evaluate_config_sets, training_eval_engine
 from rlvr.eval.evaluator import EvalSet, eval_payload, write_eval_file
 from rlvr.eval.sets import build_eval_sets
-from rlvr.jsonio import atomic_write_text
+from rlvr.jsonio import atomic_write_text, open_up_files
 
 BEST_FILE = "best.json"
 BEST_DIR = "best"
@@ -69,6 +69,7 @@ class InTrainingEvaluator:
                 min_delta=ev.early_stop.min_delta,
             )
         self.stop_reason: str | None = None
+        self.pending: int | None = None  # the step whose evaluation a stop signal skipped
 
     @property
     def enabled(self) -> bool:
@@ -140,6 +141,7 @@ class InTrainingEvaluator:
             shutil.rmtree(tmp)
         self.model.save_pretrained(tmp)
         (self.processor if self.processor is not None else self.tokenizer).save_pretrained(tmp)
+        open_up_files(tmp)  # safetensors writes weights owner-only
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
@@ -160,15 +162,22 @@ class InTrainingEvaluator:
             return {}
         return self._run(0)
 
+    def due(self, step: int, last: bool) -> bool:
+        """Is an evaluation scheduled at ``step`` (``eval.every``, or the last step's)?"""
+        if not self.enabled:
+            return False
+        every = self.cfg.eval.every
+        return (every > 0 and step % every == 0) or (last and self.cfg.eval.before_after)
+
     def at_step(self, step: int, last: bool) -> dict:
         """Metrics of a scheduled (or final) evaluation at ``step``, else {}."""
-        if not self.enabled:
-            return {}
-        every = self.cfg.eval.every
-        scheduled = every > 0 and step % every == 0
-        if scheduled or (last and self.cfg.eval.before_after):
-            return self._run(step)
-        return {}
+        self.pending = None
+        return self._run(step) if self.due(step, last) else {}
+
+    def skip(self, step: int, last: bool) -> None:
+        """A stop signal skipped (or cut short) ``step``'s evaluation: the checkpoint notes it
+        (``state_dict``) and the resumed run runs it first."""
+        self.pending = step if self.due(step, last) else None
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
@@ -176,10 +185,12 @@ class InTrainingEvaluator:
         return {
             "best": dict(self.best) if self.best else None,
             "early_stop": self.stopper.state_dict() if self.stopper else None,
+            "pending": self.pending,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``; a changed early-stop metric starts a fresh count."""
+        self.pending = state.get("pending")
         best = state.get("best")
         if best is not None and best.get("metric") == self.best_metric:
             self.best = {

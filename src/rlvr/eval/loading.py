@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch
 
+from rlvr.checkpoint.merge import RUN_CONFIG as MERGED_RUN_CONFIG
+from rlvr.checkpoint.merge import RUN_FILE as MERGED_RUN_FILE
 from rlvr.checkpoint.sharded import export_full_model, is_sharded
 from rlvr.distributed import DistInfo, device_for
 from rlvr.eval.engine import offline_eval_engine
 from rlvr.model.attention import use_training_attention
 from rlvr.model.loading import ModelLoadError, prepare_tokenizer
+from rlvr.model.lora import peft_wrap
 from rlvr.model.vlm import load_policy_model, load_processor
 
 RUN_MARKERS = ("metrics.jsonl", "status.json")
@@ -35,6 +38,12 @@ class ModelSource:
     model: str
     run_dir: Path | None
     is_adapter: bool
+    config_path: Path | None = None  # a merged folder's own copy of its run's config
+
+    @property
+    def config_file(self) -> Path | None:
+        """The config whose data fields, template, rewards and limits the evaluation uses."""
+        return self.run_dir / "config.yaml" if self.run_dir else self.config_path
 
 
 def is_run_dir(path: Path) -> bool:
@@ -76,8 +85,23 @@ def resolve_source(model: str, run: str | None = None) -> ModelSource:
             f"{path} is not a model folder (no config.json), a LoRA adapter folder (no "
             f"{ADAPTER_CONFIG}) or a run directory (no config.yaml + metrics.jsonl)"
         )
-    run_dir = run_dir or find_run_dir(path.resolve().parent)
-    return ModelSource(str(path), run_dir, path.is_dir() and (path / ADAPTER_CONFIG).exists())
+    run_dir = run_dir or find_run_dir(path.resolve().parent) or _merged_from_run(path)
+    carried = path / MERGED_RUN_CONFIG if path.is_dir() else None
+    return ModelSource(
+        str(path),
+        run_dir,
+        path.is_dir() and (path / ADAPTER_CONFIG).exists(),
+        carried if carried is not None and carried.is_file() else None,
+    )
+
+
+def _merged_from_run(path: Path) -> Path | None:
+    """The run a merged folder names (``rlvr merge`` writes it), where it still exists here."""
+    record = path / MERGED_RUN_FILE if path.is_dir() else None
+    if record is None or not record.is_file():
+        return None
+    run = json.loads(record.read_text()).get("run")
+    return Path(run) if run and is_run_dir(Path(run)) else None
 
 
 def adapter_base(adapter_dir: Path, *, explicit: str | None, config_base: str | None) -> str:
@@ -125,7 +149,7 @@ def load_policy(
     except ModelLoadError as exc:
         raise ModelLoadError(f"base model of LoRA adapter {adapter}: {exc}; pass --base") from exc
     use_training_attention(model, cfg, device)
-    model = PeftModel.from_pretrained(model, str(adapter)).to(device)
+    model = peft_wrap(PeftModel.from_pretrained, model, str(adapter)).to(device)
     if processor is not None and (adapter / "processor_config.json").exists():
         processor = load_processor(adapter)  # the run saved its processor beside it
         tokenizer = prepare_tokenizer(processor.tokenizer)

@@ -11,13 +11,15 @@ from collections.abc import Mapping, Sequence
 
 TRUNCATED = "truncated_frac"
 MEAN_LEN = "mean_reply_tokens"
+REWARD_FAILED = "reward_failed_frac"  # only where some grading raised
 
 
 def reply_stats(records: Sequence[Mapping], mode: str) -> dict[str, float]:
     """``<mode>/truncated_frac`` (share of replies that hit max_new_tokens) and
     ``<mode>/mean_reply_tokens`` (mean reply length in tokens) over every reply of ``records``.
 
-    Records need "finish_reasons" and "lengths" (as `generate_records` writes them).
+    Records need "finish_reasons" and "lengths" (as `generate_records` writes them). Where
+    some reply's grading raised ("reward_errors"), also ``<mode>/reward_failed_frac``.
     """
     reasons = [r for record in records for r in record["finish_reasons"]]
     lengths = [n for record in records for n in record["lengths"]]
@@ -26,10 +28,14 @@ def reply_stats(records: Sequence[Mapping], mode: str) -> dict[str, float]:
             f"reply_stats: {len(reasons)} finish reasons and {len(lengths)} lengths; "
             "need one of each per reply"
         )
-    return {
+    out = {
         f"{mode}/{TRUNCATED}": sum(r == "length" for r in reasons) / len(reasons),
         f"{mode}/{MEAN_LEN}": sum(lengths) / len(lengths),
     }
+    failed = [e is not None for record in records for e in record.get("reward_errors", [])]
+    if any(failed):  # gradings that raised count as wrong answers: say how many
+        out[f"{mode}/{REWARD_FAILED}"] = sum(failed) / len(failed)
+    return out
 
 
 def episode_stats(records: Sequence[Mapping], mode: str) -> dict[str, float]:

@@ -38,6 +38,7 @@ def grouped_eager_attention(
     attention_mask: torch.Tensor | None,
     scaling: float,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``query`` [B, H, q, D], ``key``/``value`` [B, Hkv, T, D] (query head ``h`` reads key
@@ -46,12 +47,15 @@ def grouped_eager_attention(
 
     With a packed pass's layout (``packed_rows``, training/packed_rows.py) the inputs are one
     packed row ``[1, heads, N, D]`` and ``attention_mask`` is the padded rows': they are laid
-    out per row, attended as above, and the output is packed again ``[1, N, H, D]``."""
+    out per row, attended as above, and the output is packed again ``[1, N, H, D]``.
+
+    ``softcap`` (Gemma-2's ``attn_logit_softcapping``): the scaled scores become
+    ``softcap * tanh(scores / softcap)`` before the mask, as transformers' Gemma-2 eager does."""
     rows = kwargs.get(PACKED_ROWS)
     if rows is not None:
         query, key, value = rows.attention_inputs(module.layer_idx, query, key, value)
         out, _ = grouped_eager_attention(
-            module, query, key, value, attention_mask, scaling, dropout
+            module, query, key, value, attention_mask, scaling, dropout, softcap
         )
         return rows.pack_output(out), None
     b, h, q, d = query.shape
@@ -60,6 +64,8 @@ def grouped_eager_attention(
     # [B, Hkv, group * q, D]: each key head's query heads one after the other
     stacked = query.reshape(b, hkv, group * q, d)
     scores = torch.matmul(stacked, key.transpose(2, 3)).view(b, h, q, t) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -125,6 +131,10 @@ def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
     takes the packed update's layout); a vision-language model keeps transformers' own."""
     kind = torch.device(device).type
     chosen = choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
+    text_config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if chosen == "sdpa" and getattr(text_config, "attn_logit_softcapping", None) is not None:
+        # SDPA cannot cap attention scores (Gemma-2): transformers refuses it for such models
+        chosen = "eager"
     if not is_vlm_config(model.config):
         chosen = {"eager": GROUPED_EAGER, "sdpa": PACKED_SDPA}.get(chosen, chosen)
     model.set_attn_implementation(chosen)

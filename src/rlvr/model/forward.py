@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from rlvr.data.multimodal import check_image_tokens
 from rlvr.model.head_logprobs import head_logprobs, plain_head
+from rlvr.model.logit_transform import IDENTITY, LogitTransform, logit_transform
 from rlvr.model.logprobs import completion_logprobs
 from rlvr.model.packed_rows import NO_LOGITS, PackedRows
 from rlvr.model.shared_prompt import can_share_prompt, shared_prompt_outputs, shared_prompt_rows
@@ -173,12 +174,14 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module | None:
 class PolicyOutputs:
     """What a forward pass leaves for the completion log-probs: the completion logits (the
     full path), or the last hidden states at the completion positions ``[B, Tc, H]`` with the
-    LM head, read ``chunk_tokens`` tokens at a time (``head_logprobs.py``)."""
+    LM head and what the model's forward does to the head's output (``transform``), read
+    ``chunk_tokens`` tokens at a time (``head_logprobs.py``)."""
 
     logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
     head: torch.nn.Module | None = None
     chunk_tokens: int = 0
+    transform: LogitTransform = IDENTITY
     # the head's compute dtype where the forward ran (autocast's bf16), None: the weight's
     dtype: torch.dtype | None = None
 
@@ -207,6 +210,7 @@ class PolicyOutputs:
             dtype=self.dtype,
             entropy=entropy,
             entropy_grad=entropy_grad,
+            transform=self.transform,
         )
         return rows.unpack(logp), (rows.unpack(ent) if ent is not None else None)
 
@@ -219,17 +223,23 @@ def policy_outputs(
     hidden_states: bool = False,
 ) -> tuple[PolicyOutputs, torch.Tensor | None]:
     """The forward pass of ``completion_outputs`` for log-probs: with ``chunk_tokens`` (and a
-    plain linear LM head: ``head_logprobs.plain_head``) no logits, only the last hidden
-    states, read chunk by chunk; else (0 or None) the full logits. Also returns the hidden
-    states ``[B, Tc, H]`` with ``hidden_states`` (a critic's input), else None."""
+    plain linear LM head: ``head_logprobs.plain_head``, whose output the model's forward
+    transforms in a way rlvr recognises: ``logit_transform.logit_transform``) no logits, only
+    the last hidden states, read chunk by chunk; else (0 or None) the full logits. Also
+    returns the hidden states ``[B, Tc, H]`` with ``hidden_states`` (a critic's input), else
+    None."""
     head = output_head(model)
-    if not chunk_tokens or not plain_head(head):
+    chunked = bool(chunk_tokens) and plain_head(head)
+    transform = logit_transform(model, head) if chunked else None
+    if transform is None:
         logits, hidden = completion_outputs(model, batch, hidden_states=hidden_states)
         return PolicyOutputs(logits=logits), hidden
     _, hidden = completion_outputs(model, batch, logits=False)
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
-    out = PolicyOutputs(hidden=hidden, head=head, chunk_tokens=chunk_tokens, dtype=dtype)
+    out = PolicyOutputs(
+        hidden=hidden, head=head, chunk_tokens=chunk_tokens, dtype=dtype, transform=transform
+    )
     return out, (hidden if hidden_states else None)
 
 

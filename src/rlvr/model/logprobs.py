@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from rlvr.model.packed_rows import PackedRows
 
-if TYPE_CHECKING:
-    from rlvr.model.forward import SequenceBatch
+
+class CompletionRows(Protocol):
+    """The completion tokens ``[B, Tc]`` and their mask (1: a real token): what the log-probs
+    read of a ``forward.SequenceBatch``, named here so this module need not import forward.py
+    (which imports it)."""
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
 
 
 def scaled_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -63,7 +69,7 @@ PACKED_CHUNK = 192
 
 def completion_logprobs(
     logits: torch.Tensor,
-    batch: SequenceBatch,
+    batch: CompletionRows,
     temperature: float = 1.0,
     *,
     entropy: bool = True,

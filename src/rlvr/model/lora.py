@@ -6,13 +6,28 @@ The reference policy of a LoRA run is the same module with its adapters switched
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rlvr.config.lora import ALL_LINEAR, LoraConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+# transformers 5 renamed PreTrainedModel.is_gradient_checkpointing to is_activation_checkpointing
+# and warns on every read of the old name; peft (up to 0.21.2) still reads it when it wraps or
+# loads an adapter (PeftModel.__init__). The value it reads is right; only the warning is wrong.
+_PEFT_READS_OLD_NAME = r"`is_gradient_checkpointing` is deprecated"
+
+
+def peft_wrap(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` (get_peft_model, PeftModel.from_pretrained) without the
+    FutureWarning peft's read of the deprecated name raises; every other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PEFT_READS_OLD_NAME, category=FutureWarning)
+        return fn(*args, **kwargs)
 
 
 def linear_module_names(model: torch.nn.Module) -> list[str]:
@@ -64,7 +79,7 @@ def apply_lora(model: torch.nn.Module, cfg: LoraConfig, exclude: list[str] | tup
         # With frozen embeddings and re-entrant checkpointing no input of a checkpointed block
         # requires grad, so the adapters inside it would get no gradient at all.
         model.enable_input_require_grads()
-    return get_peft_model(model, peft_cfg)
+    return peft_wrap(get_peft_model, model, peft_cfg)
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:

@@ -104,6 +104,31 @@ class RolloutBatch:
             for c in self.completions
         ]
 
+    def model_token_values(
+        self, per_seq: list[torch.Tensor], *, valid_only: bool = True
+    ) -> torch.Tensor:
+        """The values of ``per_seq`` (one ``[len_i]`` tensor per sequence) at the model's tokens
+        (loss mask 1) of the valid sequences (``valid_only``), concatenated: the one selection a
+        token statistic takes, so an episode's environment tokens never enter a mean."""
+        masks = self.loss_masks
+        valid = self.valid.reshape(-1).tolist() if valid_only else [True] * len(per_seq)
+        parts = [
+            v.reshape(-1)[masks[i][: len(v)].bool()]
+            for i, v in enumerate(per_seq)
+            if valid[i] and len(v)
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def model_token_means(self, per_seq: list[torch.Tensor]) -> torch.Tensor:
+        """``[N]``: each sequence's mean of ``per_seq`` over its model tokens (0 with none)."""
+        masks = self.loss_masks
+        out = torch.zeros(len(per_seq))
+        for i, v in enumerate(per_seq):
+            m = masks[i][: len(v)].bool()
+            if bool(m.any()):
+                out[i] = v.reshape(-1)[m].float().mean()
+        return out
+
     def token_mask(self) -> torch.Tensor:
         """``[N, T]`` 1 on every model token of the completions (T the longest, at least 1)."""
         ids = self.comp_ids

@@ -11,7 +11,7 @@ token's advantage adds that weight times its sequence's Dr.GRPO advantage (r - g
 
 The teacher scores at temperature 1 (its own distribution); the student's log-probs are those of
 its sampling distribution (``rollout.temperature``), taken by the step's old-log-prob pass. Text
-models only. Logged: ``distill_reverse_kl`` (mean over valid tokens of student - teacher
+models only. Logged: ``distill_reverse_kl`` (mean over valid sequences' model tokens of student - teacher
 log-prob) and ``distill_teacher_logp_mean``.
 """
 
@@ -100,12 +100,10 @@ class Distill(Objective):
             ).reshape(-1)
             adv = [a + w * seq[i] for i, a in enumerate(adv)]
         batch.advantages = adv
-        valid = batch.valid.reshape(-1).tolist()
-        keep = [i for i, ok in enumerate(valid) if ok and len(student[i])]
-        if not keep:
+        # over the model's tokens: an episode's environment tokens were not sampled by the student
+        s, t = batch.model_token_values(student), batch.model_token_values(teacher)
+        if not len(s):
             return {}
-        s = torch.cat([student[i] for i in keep])
-        t = torch.cat([teacher[i] for i in keep])
         return {
             "distill_reverse_kl": float((s - t).mean()),
             "distill_teacher_logp_mean": float(t.mean()),

@@ -25,12 +25,15 @@ where ``row`` is the dataset row without its ``prompt``/``response``/``reference
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
+import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -75,7 +78,9 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     try:
         fn = resolve_target(name)
     except ModuleNotFoundError as exc:
-        raise ValueError(f"reward {name!r}: cannot import module {module_name!r} ({exc})") from exc
+        raise ValueError(
+            f"reward {name!r}: cannot import module {module_name!r} ({exc}); {_where_looked()}"
+        ) from exc
     except AttributeError as exc:
         raise ValueError(f"reward {name!r}: {exc}") from exc
     except Exception as exc:  # the module itself raised while importing
@@ -85,6 +90,18 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"reward {name!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _where_looked() -> str:
+    """Where Python looked for a reward's module, and how to put it there."""
+    cwd = os.getcwd()
+    here = cwd in [os.path.abspath(p or ".") for p in sys.path]
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    return (
+        f"Python looked in the directory rlvr runs in ({cwd}{'' if here else ': not searched'}), "
+        f"PYTHONPATH ({pythonpath or 'unset'}) and the installed packages: run rlvr from the "
+        "folder that holds the .py file, or add that folder to PYTHONPATH"
+    )
 
 
 def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
@@ -139,12 +156,20 @@ class BatchRewards:
     info dicts merged (a later spec's key wins a clash) plus ``reward/<name>`` per reward
     when there are several; {} where invalid. ``valid``: False where any reward failed.
     ``failures``: one line per failed (completion, reward); the first has its traceback.
+    ``errors``: per completion, why it could not be scored (each failed reward's name and
+    message, no traceback), None where it was; empty where not known (a batch put together
+    from parts).
     """
 
     scores: list[float]
     infos: list[dict[str, float]]
     valid: list[bool]
     failures: list[str]
+    errors: list[str | None] = field(default_factory=list)
+
+    def error(self, i: int) -> str | None:
+        """Why completion ``i`` could not be scored; None where it was (or is not known)."""
+        return self.errors[i] if i < len(self.errors) else None
 
     def metrics(self) -> dict[str, float]:
         """``reward_failures``, ``reward_failure_rate`` and the mean of each info key over
@@ -218,6 +243,7 @@ class RewardRunner:
             raise ValueError(f"reward names must be unique, repeated: {duplicates}")
         self.timeout_s = timeout_s
         self.max_failure_fraction = max_failure_fraction
+        self.warned = False  # the first failure is told once, with its traceback
         self._local: dict[str, Callable[..., Any]] = {}
         for spec in self.specs:
             validate_reward_spec(spec)
@@ -288,9 +314,12 @@ class RewardRunner:
         references: list[str],
         rows: list[dict[str, Any]],
         truncated: list[bool],
+        where: str = "",
     ) -> BatchRewards:
         """Score one batch (all lists of equal length); raises RewardFailureError when more
-        than ``max_failure_fraction`` of it cannot be scored."""
+        than ``max_failure_fraction`` of it cannot be scored. The runner's first failure is told
+        once on stderr (``where``: "step 3", "evaluation"), with its reward, row, reply and
+        traceback; later ones are counted in the metrics and kept per completion (``errors``)."""
         lists = {
             "prompts": prompts,
             "responses": responses,
@@ -334,6 +363,10 @@ class RewardRunner:
                     raise RewardFailureError(f"reward {spec.name!r}: {exc}") from exc
         result = self._combine(outcomes, count)
         invalid = count - sum(result.valid)
+        if invalid and not self.warned:
+            self.warned = True
+            first = next(i for i, ok in enumerate(result.valid) if not ok)
+            _tell(first_failure_text(result, rows[first], responses[first], first, where))
         if invalid > max_failures:
             shown = next((f for f in result.failures if "Traceback" in f), result.failures[0])
             raise RewardFailureError(
@@ -343,7 +376,7 @@ class RewardRunner:
         return result
 
     def _combine(self, outcomes: dict[str, list[CallOutcome]], count: int) -> BatchRewards:
-        scores, infos, valid, failures = [], [], [], []
+        scores, infos, valid, failures, why = [], [], [], [], []
         several = len(self.specs) > 1
         for i in range(count):
             total, info, errors = 0.0, {}, []
@@ -358,7 +391,7 @@ class RewardRunner:
                     line = f"sample {i}, reward {spec.name!r}: {outcome.error}"
                     if outcome.traceback and not any("Traceback" in f for f in failures):
                         line += "\n" + outcome.traceback.rstrip()
-                    errors.append(line)
+                    errors.append(f"reward {spec.name!r}: {outcome.error}")
                     failures.append(line)
                     continue
                 total += spec.weight * result.score
@@ -369,4 +402,49 @@ class RewardRunner:
             scores.append(total if ok else 0.0)
             infos.append(info if ok else {})
             valid.append(ok)
-        return BatchRewards(scores, infos, valid, failures)
+            why.append(None if ok else "; ".join(errors))
+        return BatchRewards(scores, infos, valid, failures, why)
+
+
+MAX_SHOWN_CHARS = 300
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + " ..."
+
+
+def first_failure_text(
+    result: BatchRewards, row: dict[str, Any], response: str, index: int, where: str = ""
+) -> str:
+    """The warning for a run's first reward failure: which reward, how many of the batch, the
+    row and reply it failed on, its traceback, and where the rest are kept."""
+    count, invalid = len(result.valid), len(result.valid) - sum(result.valid)
+    at = f" in the {where}" if where == "evaluation" else (f" at {where}" if where else "")
+    fate = (
+        "graded wrong and flagged in the records' 'reward_errors'"
+        if where == "evaluation"
+        else "no advantage, left out of the loss; more than reward.max_failure_fraction of a "
+        "batch stops the run"
+    )
+    shown = json.dumps({k: v for k, v in row.items() if not k.startswith("_")}, default=str)
+    trace = next((f for f in result.failures if f.startswith(f"sample {index},")), "")
+    trace = trace.partition("\n")[2] or result.error(index) or ""
+    return "\n".join(
+        [
+            f"[rlvr] warning: {result.error(index)}: {invalid} of {count} completions could "
+            f"not be scored{at} ({fate}). The first:",
+            f"  row: {_clip(shown)}",
+            f"  response: {_clip(response)!r}",
+            *("  " + line for line in trace.rstrip().splitlines()),
+            "  (said once; every failure's message: RUN_DIR/samples/step_N.jsonl "
+            "'reward_error', the rate: reward_failure_rate in metrics.jsonl, the progress bar "
+            "and `rlvr report`; evaluations flag them in 'reward_errors')",
+        ]
+    )
+
+
+def _tell(text: str) -> None:
+    """On stderr, above a progress bar if one is drawn."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(text, file=sys.stderr)

@@ -71,8 +71,9 @@ def vlm_rollout_problems(cfg: Config) -> list[str]:
         out.append(VLLM_VLM_REFUSAL.replace("rollout.engine=vllm", "rollout.mode=server", 1))
     if cfg.rollout.max_staleness:
         out.append(
-            f"rollout.max_staleness={cfg.rollout.max_staleness} with a vision-language model: the "
-            "batch generated ahead is checkpointed without its images; use rollout.max_staleness=0"
+            f"rollout.max_staleness={cfg.rollout.max_staleness} with a vision-language model: not "
+            "supported yet (a checkpoint keeps the batches generated ahead as JSON, their vision "
+            "inputs included, but not yet the rows' own images); use rollout.max_staleness=0"
         )
     return out
 

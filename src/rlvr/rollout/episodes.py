@@ -18,6 +18,7 @@ its own episode only (``EpisodeInfo.failed``; the step gives it zero advantage).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ from rlvr.envs.base import check_step
 from rlvr.envs.contain import call_all
 from rlvr.envs.turns import TurnRenderer
 from rlvr.rollout.base import Completion, EpisodeInfo, SamplingParams
+from rlvr.sandbox import configure as configure_sandbox
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,6 @@ def run_episodes(
             ep.env = out.value
         else:
             ep.fail(f"constructing the environment: {out.error}")
-    first_env = next((ep.env for ep in eps if ep.env is not None), None)
-    if first_env is not None:  # once per run: the renderer remembers
-        renderer.warn_if_unstable(getattr(first_env, "observation_role", "user") or "user")
     resets = call_all([_bound(ep.env, "reset", rows[ep.row]) for ep in eps], limits.timeout_s)
     texts: list[str | None] = [None] * len(rows)
     for ep, out in zip(eps, resets, strict=True):
@@ -261,11 +262,20 @@ class EpisodeRunner:
     """What a run needs to play its episodes: the environment factory, the turn renderer and
     the limits, built once from the config (``from_config``: None without env.name)."""
 
-    def __init__(self, make_env, renderer: TurnRenderer, limits: EpisodeLimits) -> None:
+    def __init__(
+        self, make_env, renderer: TurnRenderer, limits: EpisodeLimits, *, warn: bool = True
+    ) -> None:
         self.make_env, self.renderer, self.limits = make_env, renderer, limits
+        if warn and (why := renderer.rewrite_warning()):  # once per run, before its first episode
+            log.warning(why)
 
     @classmethod
-    def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:
+    def from_config(cls, cfg, tokenizer, *, warn: bool = True) -> EpisodeRunner | None:
+        """``warn=False``: a runner that only renders prompts (the pre-run checks), which leaves
+        the template's warning to the run's own runner."""
+        # the run's sandbox settings, for whatever runs model-written code in this process
+        # (the Python tool, the code reward); training and evaluation both pass here
+        configure_sandbox(cfg.sandbox)
         if not cfg.episodes:
             return None
         from rlvr.envs.registry import env_factory
@@ -275,7 +285,7 @@ class EpisodeRunner:
             r.max_turns, r.max_episode_tokens, e.timeout_s, e.max_observation_chars
         )
         renderer = TurnRenderer(cfg.data.template, tokenizer, cfg.data.system_prompt)
-        return cls(env_factory(e.name, e.kwargs), renderer, limits)
+        return cls(env_factory(e.name, e.kwargs), renderer, limits, warn=warn)
 
     def first_prompts(self, rows: list[dict], at_once: int = 64) -> list[str | None]:
         """The text each row's episodes start from, as `run_episodes` renders it: a fresh

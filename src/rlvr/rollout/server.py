@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.server_auth import new_token, token_from_env
 from rlvr.rollout.server_launch import (
     check_port_free,
     free_port,
@@ -126,10 +127,13 @@ class ServerEngine:
         timeout_s: float = 600.0,
         process=None,
         owned_dir: Path | None = None,
+        token: str | None = None,
     ):
         """Connect to the server at ``url`` and form the weight-sync group with it (the server
-        drops the group of a previous trainer: a restarted trainer reconnects)."""
+        drops the group of a previous trainer: a restarted trainer reconnects). ``token``: the
+        server's shared secret (`rlvr.rollout.server_auth`), sent with every request."""
         self.url = url.rstrip("/")
+        self.token = token
         self.dtype, self._tied, self._plan, self._adapter = (
             dtype,
             tied,
@@ -161,8 +165,8 @@ class ServerEngine:
             dtype=dtype, tied=tied, lora_plan=plan, adapter=adapter, timeout_s=r.server_timeout_s
         )
         kw.update(sync_host=r.sync_host, sync_port=r.sync_port)
-        if r.server_url:
-            engine = cls(r.server_url, **kw)
+        if r.server_url:  # a `rlvr rollout-server`: its token comes in this process's environment
+            engine = cls(r.server_url, **kw, token=token_from_env())
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
             return engine
@@ -177,11 +181,12 @@ class ServerEngine:
                 export_checkpoint(folder / "model", model, tokenizer, weights, dtype)
             url = f"http://127.0.0.1:{r.server_port}"
             log = folder / "server.log"
+            token = new_token()  # this server's alone, kept in memory and its environment
             proc = start_server(
-                server_command(cfg, folder / "model", dtype, port=r.server_port), log
+                server_command(cfg, folder / "model", dtype, port=r.server_port), log, token
             )
             wait_healthy(url, proc, r.server_timeout_s, log)
-            engine = cls(url, **kw, process=proc, owned_dir=folder)
+            engine = cls(url, **kw, process=proc, owned_dir=folder, token=token)
             engine.policy_version = 0  # it started from these very weights
             return engine
         except BaseException:
@@ -199,7 +204,11 @@ class ServerEngine:
     def policy_version(self, version: int) -> None:
         """Label the server's weights: every later completion carries this version."""
         http_post(
-            self.url, "/update_weight_version", {"new_version": str(int(version))}, timeout_s=60
+            self.url,
+            "/update_weight_version",
+            {"new_version": str(int(version))},
+            timeout_s=60,
+            token=self.token,
         )
         self._version = int(version)
 
@@ -220,7 +229,9 @@ class ServerEngine:
             }
             for p, s in zip(prompt_ids, seeds, strict=True)
         ]
-        post = lambda body: http_post(self.url, "/inference/v1/generate", body)  # noqa: E731
+        post = lambda body: http_post(  # noqa: E731
+            self.url, "/inference/v1/generate", body, token=self.token
+        )
         with ThreadPoolExecutor(max(1, min(32, len(bodies)))) as pool:
             replies = list(pool.map(post, bodies))
         return [
@@ -231,7 +242,13 @@ class ServerEngine:
     # ------------------------------------------------------------------ weight sync
     def _rpc(self, method: str, *args: str, timeout_s: float | None = None):
         body = {"method": method, "args": [str(a) for a in args]}
-        return http_post(self.url, "/collective_rpc", body, timeout_s=timeout_s or self.timeout_s)
+        return http_post(
+            self.url,
+            "/collective_rpc",
+            body,
+            timeout_s=timeout_s or self.timeout_s,
+            token=self.token,
+        )
 
     def _rpc_during(self, fn, method: str, *args: str):
         """Call ``method`` on the server while ``fn()`` runs here (the two sides of a collective).
@@ -305,7 +322,7 @@ class ServerEngine:
                 stats.bytes += flat.numel() * flat.element_size()
         if self._tied:
             self._rpc("rlvr_refresh_tied")
-        http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60)
+        http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token)
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
 

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 
 from rlvr.model.loading import resolve_model_path
+from rlvr.rollout.server_auth import TOKEN_ENV, new_token, token_from_env, write_token_file
+from rlvr.rollout.server_auth import headers as auth_headers
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
     DTYPE_NAMES,
@@ -38,20 +40,30 @@ from rlvr.rollout.vllm_setup import (
 )
 
 WORKER_EXTENSION = "rlvr.rollout.server_worker.WeightReceiver"
+MIDDLEWARE = "rlvr.rollout.server_auth.RequireToken"
 
 
 # ---------------------------------------------------------------------- HTTP (stdlib only)
 # ---------------------------------------------------------------------- HTTP (stdlib only)
-def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> dict:
+def _call(
+    url: str, path: str, body: dict | None, timeout_s: float | None, token: str | None
+) -> dict:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
-        url + path, data=data, headers={"Content-Type": "application/json"}
+        url + path,
+        data=data,
+        headers={"Content-Type": "application/json", **auth_headers(token)},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:2000]
+        if exc.code == 401:
+            detail += (
+                f"; give the trainer the server's token in {TOKEN_ENV} (`rlvr rollout-server` "
+                "prints the file it wrote it to)"
+            )
         raise RuntimeError(f"rollout server {url}{path}: HTTP {exc.code}: {detail}") from exc
     except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -62,12 +74,16 @@ def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> di
     return json.loads(raw) if raw else {}
 
 
-def http_get(url: str, path: str, *, timeout_s: float | None = 30) -> dict:
-    return _call(url, path, None, timeout_s)
+def http_get(
+    url: str, path: str, *, timeout_s: float | None = 30, token: str | None = None
+) -> dict:
+    return _call(url, path, None, timeout_s, token)
 
 
-def http_post(url: str, path: str, body: dict, *, timeout_s: float | None = None) -> dict:
-    return _call(url, path, body, timeout_s)
+def http_post(
+    url: str, path: str, body: dict, *, timeout_s: float | None = None, token: str | None = None
+) -> dict:
+    return _call(url, path, body, timeout_s, token)
 
 
 def free_port(host: str) -> int:
@@ -129,6 +145,8 @@ def server_command(
         "vllm",
         "--worker-extension-cls",
         WORKER_EXTENSION,
+        "--middleware",
+        MIDDLEWARE,  # every request but GET /health needs the run's token (server_auth)
         "--enable-scale-out",
         "--disable-log-stats",
     ]
@@ -149,10 +167,12 @@ def server_command(
     return cmd
 
 
-def server_env() -> dict[str, str]:
-    """The server's environment: dev endpoints on, rlvr importable by the worker extension."""
+def server_env(token: str) -> dict[str, str]:
+    """The server's environment: dev endpoints on, guarded by ``token`` (`server_auth`), rlvr
+    importable by the worker extension and the middleware."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env[TOKEN_ENV] = token
     src = str(Path(__file__).resolve().parents[2])  # the folder holding the rlvr package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -167,14 +187,14 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_server(cmd: list[str], log_path: Path) -> subprocess.Popen:
+def start_server(cmd: list[str], log_path: Path, token: str) -> subprocess.Popen:
     """The server as a child process in its own session (stopped with ``stop_server``, and on
-    Linux when the trainer dies)."""
+    Linux when the trainer dies), guarded by ``token``."""
     log = open(log_path, "ab")  # noqa: SIM115 - the child writes to it until it exits
     try:
         return subprocess.Popen(
             cmd,
-            env=server_env(),
+            env=server_env(token),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -217,16 +237,30 @@ def stop_server(proc: subprocess.Popen, timeout_s: float = 30) -> None:
         proc.wait(timeout_s)
 
 
-def serve_forever(cfg, *, port: int | None = None, host: str = "0.0.0.0") -> int:
+def serve_forever(
+    cfg, *, port: int | None = None, host: str = "127.0.0.1", token_file: Path | None = None
+) -> int:
     """``rlvr rollout-server``: run the server for ``cfg``'s model in the foreground (this
     process becomes vLLM's server). Trainers connect with ``rollout.server_url`` and push their
-    weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``)."""
+    weights on connecting, so the server outlives trainer restarts (``rlvr train --resume``).
+
+    Every request but ``GET /health`` needs the token (`server_auth`): ``RLVR_ROLLOUT_TOKEN``
+    if set, else a new one written to ``token_file`` (default ``rollout-server-PORT.token``
+    here), readable by this user alone, for trainers to read into their own environment."""
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     folder = resolve_model_path(cfg.model.name_or_path)
-    cmd = server_command(
-        cfg, folder, engine_dtype(cfg, device), host=host, port=port or cfg.rollout.server_port
-    )
+    port = port or cfg.rollout.server_port
+    cmd = server_command(cfg, folder, engine_dtype(cfg, device), host=host, port=port)
+    token = token_from_env()
+    if token is None:
+        token = new_token()
+        path = write_token_file(token_file or Path(f"rollout-server-{port}.token"), token)
+        print(
+            f"[rlvr] rollout server token: {path.resolve()} (mode 0600); trainers connect with "
+            f"{TOKEN_ENV}=$(cat {path.resolve()})",
+            flush=True,
+        )
     print(f"[rlvr] rollout server: {' '.join(cmd)}", flush=True)
-    os.execvpe(cmd[0], cmd, server_env())
+    os.execvpe(cmd[0], cmd, server_env(token))
     return 0  # not reached

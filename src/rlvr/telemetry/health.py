@@ -11,7 +11,9 @@ Usage in a training loop::
 
 Semantics (the same for every rule):
 
-- Steps with ``step < warmup_steps`` are ignored entirely; windows start counting after warm-up.
+- Steps with ``step < warmup_steps`` are ignored; windows start counting after warm-up. A rule
+  whose metric is no early noise (``truncation``: set by the token limit) says
+  ``skips_warmup`` and is checked from the first step.
 - A rule whose metric is missing (or NaN) on a step leaves its state unchanged that step; the
   ``has_boxed`` rule, for example, never fires on a task that does not log ``has_boxed``.
 - A rule that cannot apply to the run is not checked at all: ``has_boxed`` only where the
@@ -118,13 +120,13 @@ class HealthGate:
         self.events: list[HealthEvent] = []
 
     def check(self, step: int, metrics: Mapping[str, Any]) -> list[HealthEvent]:
-        """Events that fire at ``step`` (empty during warm-up); also kept in ``self.events``."""
-        if step < self.cfg.warmup_steps:
-            return []
+        """Events that fire at ``step`` (during warm-up only from rules that skip it); also kept
+        in ``self.events``."""
+        warming_up = step < self.cfg.warmup_steps
         fired: list[HealthEvent] = []
         for check in self._checks:
             rule_cfg = getattr(self.cfg, check.rule)
-            if not rule_cfg.enabled:
+            if not rule_cfg.enabled or (warming_up and not getattr(check, "skips_warmup", False)):
                 continue
             outcome = check.evaluate(metrics)
             if outcome is MISSING:

@@ -59,7 +59,7 @@ class _LengthCollapse:
             return None
         base_len, base_reward = self.baseline
         shrunk = length < (1.0 - self.cfg.max_drop) * base_len
-        if shrunk and reward >= base_reward - self.cfg.reward_tolerance:
+        if shrunk and reward < base_reward + self.cfg.min_reward_gain:
             values = {
                 "response_len_p50": length,
                 "baseline_len": base_len,

@@ -160,6 +160,9 @@ class _AdvStdZero:
 
 class _Truncation:
     rule = "truncation"
+    # The share of cut replies is set by the token limit from the first step, not noise that
+    # settles: a run shorter than health.warmup_steps must still hear it.
+    skips_warmup = True
 
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg.truncation

@@ -54,8 +54,9 @@ ADVICE: dict[str, str] = {
     ),
     "truncation": (
         "{truncation_rate:.0%} of responses hit the generation limit (ceiling "
-        "{max_rate:.0%}), so answers are cut off before they are written. Raise the maximum "
-        "number of new tokens, or add a length penalty if the model rambles."
+        "{max_rate:.0%}), so answers are cut off before they are written. Raise "
+        "rollout.max_new_tokens (and eval.max_new_tokens for evaluations), or add a length "
+        "penalty (reward.overlong_buffer) if the model rambles."
     ),
     "clip_frac": (
         "{clip_frac:.0%} of tokens had their ratio clipped (ceiling {max_frac:.0%}): the "
@@ -86,9 +87,10 @@ ADVICE: dict[str, str] = {
     ),
     "length_collapse": (
         "The median reply length fell from {baseline_len:.0f} to {response_len_p50:.0f} tokens "
-        "while reward_mean held ({baseline_reward:.3g} -> {reward_mean:.3g}): the reward may "
-        "be paying for answers without their reasoning. Read samples; check that the reward "
-        "cannot be earned by a bare guess (held-out accuracy, train/eval divergence)."
+        "while reward_mean did not improve ({baseline_reward:.3g} -> {reward_mean:.3g}): the "
+        "policy is collapsing into short replies that earn no more. Read samples; lower the "
+        "learning rate, check the length penalty or overlong shaping, and that the reward does "
+        "not pay for a bare guess."
     ),
     "ratio_explosion": (
         "Importance ratios are far from 1 for {steps} steps (ratio_max {ratio_max:.3g}, "

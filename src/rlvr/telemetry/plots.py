@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from rlvr.telemetry.keys import EVAL_PREFIX, MEMORY_PLAN_KEY, PHASE_TIMING_KEYS
 from rlvr.telemetry.report_data import RunData, rolling_mean, series
@@ -33,6 +34,7 @@ def _figure(rows: int = 1, cols: int = 1, height: float = 3.2) -> tuple[Figure, 
 
 
 def _finish(ax: Axes, title: str, ylabel: str) -> None:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
@@ -50,9 +52,16 @@ def _plot_line(ax: Axes, run_index: int, steps: np.ndarray, values: np.ndarray, 
     ax.plot(steps, values, color=_color(run_index), marker=".", markersize=5, **kw)
 
 
+def _failed_somewhere(runs: Sequence[RunData]) -> bool:
+    return any(bool((series(run.metrics, "reward_failure_rate")[1] > 0).any()) for run in runs)
+
+
 def plot_reward(runs: Sequence[RunData]) -> Figure | None:
-    """reward_mean and correct per step (thin) with a trailing rolling mean (thick)."""
+    """reward_mean and correct per step (thin) with a trailing rolling mean (thick); the share
+    of replies whose reward raised, where any did."""
     keys = [k for k in ("reward_mean", "correct") if _any(runs, [k])]
+    if _failed_somewhere(runs):
+        keys.append("reward_failure_rate")
     if not keys:
         return None
     fig, axes = _figure(len(keys))
@@ -64,24 +73,58 @@ def plot_reward(runs: Sequence[RunData]) -> Figure | None:
             _plot_line(ax, i, steps, values, alpha=0.35, linewidth=1)
             smooth = rolling_mean(values, ROLLING_WINDOW)
             ax.plot(steps, smooth, color=_color(i), linewidth=2.2, label=run.label)
-        _finish(ax, f"{key} (thick: rolling mean of {ROLLING_WINDOW})", key)
+        if key == "reward_failure_rate":
+            ax.set_ylim(-0.02, 1.02)
+            title = "reward_failure_rate: replies whose reward raised (no score, no gradient)"
+        else:
+            title = f"{key} (thick: rolling mean of {ROLLING_WINDOW})"
+        _finish(ax, title, key)
     return fig
 
 
+# The eval panels: each its own y-axis, so a 0-1 accuracy never shares one with a reply length.
+EVAL_PANELS = (
+    ("Held-out accuracy (0-1)", "accuracy", lambda k: "@" in k, True),
+    (
+        "Share of held-out replies cut at the token limit / not graded (0-1)",
+        "share",
+        lambda k: k.endswith(("_frac", "_rate")),
+        True,
+    ),
+    ("Held-out reply length", "tokens", lambda k: k.endswith("_tokens"), False),
+)
+
+
 def plot_eval(runs: Sequence[RunData]) -> Figure | None:
-    """Every ``eval/<set>/<mode>`` score; colour = run, line style = eval key."""
+    """Every ``eval/<set>/<metric>``: accuracies on a 0-1 axis of their own, the shares of cut
+    and ungraded replies on another, reply lengths on a third; colour = run, line style = key,
+    legends beside the axes (never over the lines)."""
     eval_keys = sorted({k for run in runs for k in run.logged_keys() if k.startswith(EVAL_PREFIX)})
     eval_keys = [k for k in eval_keys if _any(runs, [k])]
-    if not eval_keys:
+    panels = [
+        (title, ylabel, [k for k in eval_keys if pick(k[len(EVAL_PREFIX) :])], unit)
+        for title, ylabel, pick, unit in EVAL_PANELS
+    ]
+    panels = [p for p in panels if p[2]]
+    if not panels:
         return None
-    fig, (ax,) = _figure()
-    for i, run in enumerate(runs):
-        for j, key in enumerate(eval_keys):
-            steps, values = series(run.metrics, key)
-            if len(steps):
-                label = f"{run.label}: {key[len(EVAL_PREFIX) :]}"
-                _plot_line(ax, i, steps, values, linestyle=_STYLES[j % len(_STYLES)], label=label)
-    _finish(ax, "Eval scores", "score")
+    fig, axes = _figure(len(panels), height=2.8)
+    for ax, (title, ylabel, keys, unit) in zip(axes, panels, strict=True):
+        for i, run in enumerate(runs):
+            for j, key in enumerate(keys):
+                steps, values = series(run.metrics, key)
+                if len(steps):
+                    label = f"{run.label}: {key[len(EVAL_PREFIX) :]}"
+                    style = _STYLES[j % len(_STYLES)]
+                    _plot_line(ax, i, steps, values, linestyle=style, label=label)
+        if unit:
+            ax.set_ylim(-0.02, 1.02)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step (0: before training)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 

@@ -58,36 +58,136 @@ def _fmt_number(value: Any) -> str:
     return str(value)
 
 
+def _ends(values, k: int = 3) -> tuple[float, float] | None:
+    """Mean of the first and of the last ``k`` values (fewer on a short run), None when empty."""
+    finite = [float(v) for v in values if v == v]
+    if not finite:
+        return None
+    k = max(1, min(k, len(finite) // 2))
+    return sum(finite[:k]) / k, sum(finite[-k:]) / k
+
+
+def _first_last(run: RunData, key: str) -> str:
+    ends = _ends(series(run.metrics, key)[1])
+    return "-" if ends is None else f"{ends[0]:.3g} -> {ends[1]:.3g}"
+
+
+def _eval_change(run: RunData) -> str:
+    """The held-out scores before training -> at the last evaluation (pass@k, maj@k)."""
+    evals = [m for m in run.metrics if any(k.startswith("eval/") for k in m)]
+    if not evals:
+        return "no evaluation"
+    first, last = evals[0], evals[-1]
+    keys = [k for k in last if k.startswith("eval/") and "@" in k and isinstance(last[k], float)]
+    if not keys:
+        return "no score"
+    parts = []
+    for key in keys:
+        name = key.removeprefix("eval/")
+        was = first.get(key) if first is not last and first.get("step") == 0 else None
+        parts.append(
+            f"{name}: {was:.3f} -> {last[key]:.3f} ({last[key] - was:+.3f})"
+            if isinstance(was, float)
+            else f"{name}: {last[key]:.3f} (step {last.get('step')})"
+        )
+    return "; ".join(parts)
+
+
+def _failures(run: RunData) -> str:
+    steps, rates = series(run.metrics, "reward_failure_rate")
+    if not len(rates) or not rates.max() > 0:
+        return "none"
+    worst = int(rates.argmax())
+    return (
+        f"{rates.mean():.0%} of replies (at most {rates[worst]:.0%}, step {int(steps[worst])}): "
+        "their messages are in samples/ ('reward_error')"
+    )
+
+
+def _summary_section(runs: Sequence[RunData]) -> str:
+    """Did it work? Per run: held-out scores before -> after, the training reward's start ->
+    end, reward failures, truncation, health."""
+    rows = []
+    for run in runs:
+        steps, _ = series(run.metrics, "step")
+        trained = int(steps.max()) if len(steps) else 0
+        _, trunc = series(run.metrics, "truncation_rate")
+        status = (run.health or {}).get("status", "no health record")
+        cells = [
+            run.label,
+            str(trained),
+            _eval_change(run),
+            _first_last(run, "reward_mean"),
+            _first_last(run, "correct"),
+            _failures(run),
+            f"{trunc[-1]:.0%}" if len(trunc) else "-",
+            status,
+        ]
+        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
+    head = "".join(
+        f"<th>{_e(c)}</th>"
+        for c in (
+            "run",
+            "steps",
+            "held-out: before training -> last evaluation",
+            "reward_mean: first -> last steps",
+            "correct: first -> last steps",
+            "reward failures",
+            "truncated (last step)",
+            "health",
+        )
+    )
+    return (
+        "<h2>Did it work?</h2><p class='note'>Held-out scores before training and at the last "
+        "evaluation; the training reward averaged over the first and the last three steps (fewer "
+        "on a short run).</p>"
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    )
+
+
 def _runs_section(runs: Sequence[RunData]) -> str:
     rows = []
     for run in runs:
         steps, _ = series(run.metrics, "step")
         span = f"{int(steps.min())}-{int(steps.max())}" if len(steps) else "-"
-        _, rewards = series(run.metrics, "reward_mean")
-        last_reward = _fmt_number(float(rewards[-1])) if len(rewards) else "-"
-        status = (run.health or {}).get("status", "no health record")
         rows.append(
             f"<tr><td>{_e(run.label)}</td><td>{_e(run.path)}</td><td>{len(run.metrics)}</td>"
-            f"<td>{span}</td><td>{last_reward}</td><td>{_e(status)}</td></tr>"
+            f"<td>{span}</td></tr>"
         )
-    missing = []
+    missing, expected = [], []
     for run in runs:
-        if run.metrics:
-            keys = run.missing_contract_keys()
-            if keys:
-                missing.append(f"<li>{_e(run.label)}: {_e(', '.join(keys))}</li>")
-        else:
+        if not run.metrics:
             missing.append(f"<li>{_e(run.label)}: no metrics.jsonl lines</li>")
+            continue
+        why = run.expected_absent()
+        keys = run.missing_contract_keys()
+        surprise = [k for k in keys if k not in why]
+        if surprise:
+            missing.append(f"<li>{_e(run.label)}: {_e(', '.join(surprise))}</li>")
+        by_reason: dict[str, list[str]] = {}
+        for k in keys:
+            if k in why:
+                by_reason.setdefault(why[k], []).append(k)
+        expected += [
+            f"<li>{_e(run.label)}: {_e(', '.join(ks))} ({_e(reason)})</li>"
+            for reason, ks in by_reason.items()
+        ]
     missing_html = (
-        "<p class='note'>Metrics of the contract that a run never logged (expected for some, e.g. "
-        "kl with beta = 0; a surprise here means a metric silently stopped being produced):</p>"
+        "<p class='note'>Metrics of the contract this run should have logged and never did (a "
+        "metric that silently stopped being produced):</p>"
         f"<ul class='note'>{''.join(missing)}</ul>"
         if missing
         else ""
     )
+    expected_html = (
+        "<p class='note'>Not logged, as expected for this run:</p>"
+        f"<ul class='note'>{''.join(expected)}</ul>"
+        if expected
+        else ""
+    )
     return (
         "<h2>Runs</h2><table><tr><th>run</th><th>directory</th><th>lines</th><th>steps</th>"
-        f"<th>last reward_mean</th><th>health</th></tr>{''.join(rows)}</table>{missing_html}"
+        f"</tr>{''.join(rows)}</table>{missing_html}{expected_html}"
     )
 
 
@@ -224,8 +324,9 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
     body = "".join(
         [
             f"<h1>{_e(title)}</h1><p class='note'>Generated {_e(stamp)}.</p>",
-            _runs_section(runs),
+            _summary_section(runs),
             eval_section(runs),
+            _runs_section(runs),
             _plots_section(runs, out_dir),
             _config_section(runs),
             _health_section(runs),

@@ -17,6 +17,8 @@ from rlvr.telemetry.samples import list_sample_steps, read_samples
 from rlvr.telemetry.sinks import read_metrics
 
 CONFIG_FILE = "config.yaml"
+# What a verifier (the built-in graders) reports in its info; step metrics derive from them.
+VERIFIER_INFO_KEYS = ("correct", "has_boxed", "has_answer", "high_reward_wrong_rate")
 
 
 @dataclass
@@ -42,6 +44,24 @@ class RunData:
         """Contract metric names this run never logged (see :mod:`rlvr.telemetry.keys`)."""
         logged = self.logged_keys()
         return [k for k in METRIC_KEYS if k not in logged]
+
+    def expected_absent(self) -> dict[str, str]:
+        """Contract keys this run's config says it never logs: key -> why (from config.yaml;
+        {} without one)."""
+        cfg = self.config or {}
+        out: dict[str, str] = {}
+        specs = cfg.get("reward.specs")
+        names = [s.get("name", "") for s in specs if isinstance(s, dict)] if specs else []
+        if names and all(":" in n for n in names):
+            why = (
+                f"the run's rewards are your own functions ({', '.join(names)}); they report "
+                "these only in a RewardResult's info"
+            )
+            out.update({k: why for k in VERIFIER_INFO_KEYS})
+        beta = cfg.get("algo.beta")
+        if isinstance(beta, int | float) and beta == 0:
+            out["kl"] = "algo.beta=0: no KL to a reference is measured"
+        return out
 
 
 def series(metrics: Sequence[Mapping[str, Any]], key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from rlvr.checkpoint.full import latest_checkpoint, restore_checkpoint, save_checkpoint
 from rlvr.checkpoint.sharded import restore_sharded_checkpoint, save_sharded_checkpoint
+from rlvr.config import Config
 from rlvr.data.templates import asks_for_boxed
 from rlvr.distributed import barrier, full_state_dict
 from rlvr.eval.in_training import InTrainingEvaluator
+from rlvr.eval.reply_stats import TRUNCATED
 from rlvr.jsonio import atomic_write_text, dumps_line, read_jsonl
 from rlvr.model.loading import save_model_folder
 from rlvr.objectives.batch import RolloutBatch
@@ -68,6 +70,8 @@ def postfix(m: dict) -> dict:
     out = {"reward": f"{m.get('reward_mean', 0):.2f}", "s/step": f"{m.get('time_step', 0):.1f}"}
     if "correct" in m:
         out["correct"] = f"{m['correct']:.2f}"
+    if m.get("reward_failure_rate"):  # replies whose reward raised: scored nothing
+        out["reward_failed"] = f"{m['reward_failure_rate']:.0%}"
     if "kl" in m:
         out["kl"] = f"{m['kl']:.3g}"
     out["len"] = f"{m.get('response_len_mean', 0):.0f}"
@@ -118,9 +122,17 @@ def resume(run: Run, state: TrainState, step: Step) -> tuple[dict, list[dict]]:
     return {}, []
 
 
-def save(run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator) -> Path | None:
+def save(
+    run: Run,
+    state: TrainState,
+    step: Step,
+    evaluator: InTrainingEvaluator,
+    *,
+    stopping: bool = False,
+) -> Path | None:
     """Checkpoint the train state with the evaluator's and the step's state; keep the
-    best-by-eval checkpoint too.
+    best-by-eval checkpoint too. ``stopping``: a stop signal's checkpoint, the run's last (of the
+    batches generated ahead, only the finished ones: ``Step.state_dict``).
 
     Several processes: FSDP2 writes a sharded checkpoint (every rank its shard); DDP (every rank
     holds the same weights): rank 0 writes, the others wait.
@@ -129,7 +141,7 @@ def save(run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator
     args = dict(
         tokenizer=run.processing,
         config_yaml=run.cfg.to_yaml(),
-        extra={"evaluator": evaluator.state_dict(), **step.state_dict()},
+        extra={"evaluator": evaluator.state_dict(), **step.state_dict(stopping=stopping)},
         keep=run.cfg.train.max_checkpoints,
         protect=[best] if best is not None else [],
     )
@@ -182,11 +194,16 @@ def save_on_stop(
         stops.rewind(state)  # the abandoned rollout drew prompts and random numbers
     if evaluator is None:
         return "no checkpoint needed: no step had finished"
-    return checkpoint_last_step(run, state, step, evaluator)
+    return checkpoint_last_step(run, state, step, evaluator, stopping=True)
 
 
 def checkpoint_last_step(
-    run: Run, state: TrainState, step: Step, evaluator: InTrainingEvaluator
+    run: Run,
+    state: TrainState,
+    step: Step,
+    evaluator: InTrainingEvaluator,
+    *,
+    stopping: bool = False,
 ) -> str:
     """A complete checkpoint of the last finished step (written unless the newest is already
     that step's), so a run that stops early keeps its work; the line that says where."""
@@ -194,7 +211,7 @@ def checkpoint_last_step(
         return "no checkpoint needed: no step had finished"
     latest = latest_checkpoint(run.run_dir)
     if latest is None or latest.step != state.step:
-        save(run, state, step, evaluator)
+        save(run, state, step, evaluator, stopping=stopping)
         latest = latest_checkpoint(run.run_dir)
     return f"checkpoint of step {state.step}: {latest.path if latest else '?'}"
 
@@ -213,6 +230,7 @@ def sample_records(batch: RolloutBatch) -> list[dict]:
                     "response": c.text,
                     "reward": scores[k],
                     "valid": valid[k],
+                    "reward_error": rewards.error(k),
                     "info": rewards.infos[k],
                     "finish_reason": c.finish_reason,
                     "tokens": len(c.token_ids),
@@ -235,6 +253,44 @@ def _episode_record(ep) -> dict:
         "env_reward": ep.env_reward,
         "env_failed": ep.failed,
     }
+
+
+def data_line(cfg: Config, train_rows: list[dict], eval_rows: list[dict]) -> str:
+    """Where the run's rows come from, said on its first lines."""
+    d = cfg.data
+    if d.task != "file":
+        return f"built-in task {d.task!r}: {len(train_rows)} train rows, {len(eval_rows)} held-out"
+    held = (
+        f"{len(eval_rows)} held-out rows from {d.eval_path}"
+        if d.eval_path
+        else "no held-out rows (data.eval_path unset: no evaluation before and after)"
+    )
+    return (
+        f"{len(train_rows)} train rows from {d.train_path}, {held} (fields: prompt "
+        f"{d.prompt_field!r}, answer {d.answer_field!r})"
+    )
+
+
+def truncation_notes(cfg: Config, scores: dict) -> list[str]:
+    """What an evaluation's truncated shares say before training starts: each set and mode whose
+    replies hit the token limit more often than health.truncation.max_rate, with the knob."""
+    rule = cfg.health.truncation
+    limit = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    knob = (
+        f"eval.max_new_tokens={limit}"
+        if cfg.eval.max_new_tokens
+        else f"rollout.max_new_tokens={limit} (eval.max_new_tokens unset: the same limit)"
+    )
+    out = []
+    for key, value in scores.items():
+        if key.endswith(f"/{TRUNCATED}") and isinstance(value, float) and value > rule.max_rate:
+            where = key.removeprefix("eval/").removesuffix(f"/{TRUNCATED}")
+            out.append(
+                f"{value:.0%} of the replies of the evaluation before training ({where}) hit "
+                f"the token limit, {knob}: their answers are cut before they are written. "
+                "Raise rollout.max_new_tokens (training) and eval.max_new_tokens (evaluation)."
+            )
+    return out
 
 
 def fmt_eval(scores: dict) -> str:

@@ -174,9 +174,17 @@ def memory_lines(mem: dict) -> list[str]:
     head = f"memory: measured peak {mem['measured_peak_gib']:.3f} GiB ({mem['measure']})"
     if "plan_peak_gib" not in mem:
         return [f"{head}; no memory plan (a model passed in, or its shape unreadable)"]
+    error = mem["error"]
+    why = (
+        "it sizes every row at data.max_prompt_tokens + rollout.max_new_tokens; shorter rows "
+        "need less"
+        if error >= 0
+        else "the plan is a lower bound, within about 20% on the CPU"
+    )
     lines = [
-        f"{head}, plan {mem['plan_peak_gib']:.3f} GiB: plan error {mem['error']:+.1%} "
-        "((plan - measured) / measured)"
+        f"{head} against {mem['plan_peak_gib']:.3f} GiB planned before the run: the plan is "
+        f"{abs(error):.1%} {'above' if error >= 0 else 'under'} the measured peak ({why}; "
+        "docs/memory-plan.md)"
     ]
     if mem.get("warning"):
         lines.append(f"memory warning: {mem['warning']}")

@@ -41,16 +41,21 @@ correction (``algo.rollout_correction`` / ``algo.tis_cap``); nothing in the obje
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import io
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import torch
+
+from rlvr.data.multimodal import PromptVision
 from rlvr.objectives.batch import RolloutBatch
-from rlvr.rollout.base import Completion
+from rlvr.rollout.base import Completion, EpisodeInfo
 from rlvr.training.state import TrainState
 
 
@@ -126,6 +131,12 @@ class _Ahead:
     future: Future | None = None  # background: the generation queued or running
     batch: RolloutBatch | None = None
     seconds: float = 0.0  # wall time of its generation (in the thread if background)
+    sampler: dict | None = None  # the prompt sampler's state before this batch's prompts
+    pinned: bool = False  # other prompts were drawn after it: a stop must wait for it
+
+    @property
+    def finished(self) -> bool:
+        return self.future is None or self.future.done()
 
     def result(self) -> RolloutBatch:
         if self.future is not None:
@@ -135,21 +146,16 @@ class _Ahead:
 
 
 class Lookahead:
-    """The batches generated up to ``depth`` steps ahead (module docstring).
+    """The batches generated up to ``depth`` steps ahead (module docstring): a queue the step
+    (`rlvr.training.step.Step`) drives, calling into nothing of it.
 
-    ``request(step)`` runs in the caller's thread and returns a zero-argument function that
-    generates step ``step``'s batch (``Step.request``); ``resample(batch, step)`` pushes the
-    current weights and generates a dropped batch again from its prompts and seeds
-    (``Step.resample``); ``background`` runs the generations in a worker thread."""
+    ``start(step, generate, sampler)`` queues one batch: ``generate`` (``Step.request``'s
+    zero-argument function) runs in the caller's thread, or in a worker thread when
+    ``background``; ``take(step)`` hands the step its batch, and ``replaced`` records that the
+    step generated it again as too stale (``too_stale``)."""
 
-    def __init__(
-        self,
-        request: Callable[[int], Callable[[], RolloutBatch]],
-        resample: Callable[[RolloutBatch, int], RolloutBatch],
-        depth: int,
-        background: bool,
-    ):
-        self._request, self._resample, self.depth = request, resample, depth
+    def __init__(self, depth: int, background: bool):
+        self.depth = depth
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="rlvr-lookahead") if background else None
         )
@@ -170,12 +176,15 @@ class Lookahead:
         out, self._gate.waited = self._gate.waited, 0.0
         return out
 
-    def start(self, step: int) -> None:
-        """Request the batch of step ``step`` (0-based: the ``state.step`` it will run at)."""
+    def start(
+        self, step: int, generate: Callable[[], RolloutBatch], sampler: dict | None = None
+    ) -> None:
+        """Queue the batch of step ``step`` (0-based: the ``state.step`` it will run at), whose
+        prompts ``generate`` holds; ``sampler``: the prompt sampler's state before they were
+        drawn (a stop that drops this batch rewinds the sampler to it)."""
         if self._next is not None and step != self._next:
             raise RuntimeError(f"the next batch to request is step {self._next}'s, not {step}'s")
-        entry = _Ahead(step)
-        generate = self._request(step)
+        entry = _Ahead(step, sampler=sampler)
         self._next = step + 1
         if self._pool is None:
             entry.batch = self._timed(entry, generate)
@@ -183,17 +192,24 @@ class Lookahead:
             entry.future = self._pool.submit(self._background, entry, generate)
         self._queue.append(entry)
 
-    def advance(self, step: int, max_steps: int, metrics: dict, times: dict, timed) -> None:
-        """After scoring step ``step``'s batch: log its generation time (``time_generate``,
-        wherever and whenever it ran) and the batches dropped as too stale, and request every
-        batch up to step ``step + depth`` (``timed`` counts the trainer's share into
-        ``time_rollout``)."""
+    def to_request(self, step: int, max_steps: int) -> range:
+        """After scoring step ``step``'s batch: the steps whose batches to request now, every one
+        up to step ``step + depth`` (none past the run's last step)."""
+        first = step + 1 if self._next is None else self._next
+        return range(first, min(step + self.depth, max_steps - 1) + 1)
+
+    def log(self, metrics: dict, times: dict) -> None:
+        """The taken batch's generation time (``time_generate``, wherever and whenever it ran)
+        and the batches dropped as too stale."""
         taken = self._taken
         metrics["time_generate"] = taken.seconds if taken is not None else times["time_rollout"]
         metrics["stale_dropped"], metrics["stale_dropped_seqs"] = map(float, self.dropped)
-        first = step + 1 if self._next is None else self._next
-        for nxt in range(first, min(step + self.depth, max_steps - 1) + 1):
-            timed("time_rollout", self.start, nxt)
+
+    def pin(self) -> None:
+        """Prompts were drawn for something else (a dynamic-sampling round): the sampler cannot
+        be rewound past the batches queued so far, so a stop keeps them all."""
+        for entry in self._queue:
+            entry.pinned = True
 
     def _timed(self, entry: _Ahead, generate: Callable[[], RolloutBatch]) -> RolloutBatch:
         t = time.perf_counter()
@@ -205,25 +221,27 @@ class Lookahead:
         with self._gate.generating():
             return self._timed(entry, generate)
 
-    def take(self, step: int, trained_version: int) -> RolloutBatch | None:
-        """The batch generated ahead for ``step`` (waiting for it), or None when there is none.
-        A batch with a completion more than ``depth`` versions behind ``trained_version`` is
-        dropped and generated again (``resample``)."""
+    def take(self, step: int) -> RolloutBatch | None:
+        """The batch generated ahead for ``step`` (waiting for it), or None when there is none."""
         self._taken, self.dropped = None, (0, 0)
         if not self._queue:
             return None
         if self._queue[0].step != step:
             raise RuntimeError(f"the batch ahead is for step {self._queue[0].step}, not {step}")
-        entry = self._queue.popleft()
-        batch = entry.result()
+        self._taken = self._queue.popleft()
+        return self._taken.result()
+
+    def too_stale(self, batch: RolloutBatch, trained_version: int) -> bool:
+        """A completion more than ``depth`` versions behind ``trained_version``."""
         versions = [c.policy_version for c in batch.completions if c.policy_version is not None]
-        if versions and trained_version - min(versions) > self.depth:
-            self.dropped = (1, len(batch.completions))
-            t = time.perf_counter()
-            batch = entry.batch = self._resample(batch, step)
-            entry.seconds = time.perf_counter() - t
-        self._taken = entry
-        return batch
+        return bool(versions) and trained_version - min(versions) > self.depth
+
+    def replaced(self, batch: RolloutBatch, seconds: float) -> None:
+        """The taken batch was dropped as too stale and generated again (``batch``, in
+        ``seconds``): counted in the step's ``stale_dropped``."""
+        entry = self._taken
+        self.dropped = (1, len(entry.batch.completions))
+        entry.batch, entry.seconds = batch, seconds
 
     def wait(self) -> None:
         """Block until every batch requested has arrived."""
@@ -231,28 +249,42 @@ class Lookahead:
             entry.result()
 
     # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict:
-        """The batches ahead (JSON-able), so a resumed run trains on what it generated before."""
-        self.wait()
-        return {"batches": [_batch_state(e.step, e.batch) for e in self._queue]}
+    def state_dict(self, *, finished_only: bool = False) -> tuple[dict, dict | None]:
+        """The batches ahead (JSON-able), so a resumed run trains on what it generated before;
+        and the prompt sampler's state to save instead of the current one (None: the current).
+
+        ``finished_only`` (a stop signal's checkpoint, which must not wait for generations):
+        the batches finished so far, in step order up to the first unfinished one; the others
+        are dropped, and the sampler state returned is the one from before the first dropped
+        batch's prompts were drawn, so the resumed run draws them again with the same seeds."""
+        kept: list[_Ahead] = []
+        for entry in self._queue:
+            if finished_only and not (entry.finished or entry.pinned):
+                break
+            entry.result()
+            kept.append(entry)
+        dropped = self._queue[len(kept)] if len(kept) < len(self._queue) else None
+        state = {"batches": [batch_state(e.step, e.batch) for e in kept]}
+        return state, dropped.sampler if dropped is not None else None
 
     def load_state_dict(self, state: dict) -> None:
         if "step" in state:  # a checkpoint of one batch ahead, as written before max_staleness > 1
             state = {"batches": [state]}
         for s in state.get("batches", []):
-            groups = [[Completion(**c) for c in grp] for grp in s["groups"]]
-            batch = RolloutBatch(
-                s["rows"], s["prompt_texts"], s["prompt_ids"], groups, s["group_size"]
-            )
-            self._queue.append(_Ahead(int(s["step"]), batch=batch))
+            self._queue.append(_Ahead(int(s["step"]), batch=load_batch(s)))
             self._next = int(s["step"]) + 1
 
     def close(self) -> None:
+        """Stop the worker thread: a queued generation is cancelled, one running is waited for."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _batch_state(step: int, b: RolloutBatch) -> dict:
+# ---------------------------------------------------------------------- batches as JSON
+def batch_state(step: int, b: RolloutBatch) -> dict:
+    """A batch generated ahead as JSON-able data: its rows, prompts, completions (an episode's
+    ``EpisodeInfo`` included) and a vision-language prompt's images and processor tensors,
+    every value exact (``load_batch`` gives back an equal batch)."""
     return {
         "step": step,
         "rows": b.rows,
@@ -260,7 +292,64 @@ def _batch_state(step: int, b: RolloutBatch) -> dict:
         "prompt_ids": b.prompt_ids,
         "groups": [[dataclasses.asdict(c) for c in grp] for grp in b.groups],
         "group_size": b.group_size,
+        "vision": None if b.vision is None else [_vision_state(v) for v in b.vision],
     }
+
+
+def load_batch(s: dict) -> RolloutBatch:
+    groups = [[_completion(c) for c in grp] for grp in s["groups"]]
+    vision = s.get("vision")
+    return RolloutBatch(
+        s["rows"],
+        s["prompt_texts"],
+        s["prompt_ids"],
+        groups,
+        s["group_size"],
+        vision=None if vision is None else [_load_vision(v) for v in vision],
+    )
+
+
+def _completion(c: dict) -> Completion:
+    ep = c.get("episode")
+    if ep is not None:
+        ep = EpisodeInfo(**{**ep, "transcript": [tuple(t) for t in ep.get("transcript", [])]})
+    return Completion(**{**c, "episode": ep})
+
+
+def _tensor_state(t: torch.Tensor) -> dict:
+    """A tensor as its raw bytes (base64), dtype and shape: exact for every dtype, bf16 too."""
+    raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return {
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "shape": list(t.shape),
+        "data": base64.b64encode(raw).decode("ascii"),
+    }
+
+
+def _load_tensor(s: dict) -> torch.Tensor:
+    raw = bytearray(base64.b64decode(s["data"]))
+    flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return flat.view(getattr(torch, s["dtype"])).reshape(s["shape"]).clone()
+
+
+def _vision_state(v: PromptVision) -> dict:
+    images = []
+    for im in v.images:  # PNG: lossless for every mode a processor takes
+        buf = io.BytesIO()
+        im.save(buf, format="PNG")
+        images.append(base64.b64encode(buf.getvalue()).decode("ascii"))
+    return {"images": images, "inputs": {k: _tensor_state(t) for k, t in v.inputs.items()}}
+
+
+def _load_vision(s: dict) -> PromptVision:
+    from PIL import Image
+
+    images = []
+    for data in s["images"]:
+        with Image.open(io.BytesIO(base64.b64decode(data))) as im:
+            im.load()
+            images.append(im.copy())
+    return PromptVision(images, {k: _load_tensor(t) for k, t in s["inputs"].items()})
 
 
 def stamp_version(groups: list[list[Completion]], version: int) -> None:

@@ -26,6 +26,7 @@ from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episodes import check_env_failures, episode_scores
 from rlvr.training.dynamic_sampling import assemble, count_informative
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version, sync_engine
+from rlvr.training.preempt import StopSignals
 from rlvr.training.rollout_correction import correction_weights
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
@@ -38,21 +39,35 @@ class Step:
     once and returns (metrics, batch)."""
 
     def __init__(
-        self, run: Run, state: TrainState, on_phase: Callable[[str], None] | None = None
+        self,
+        run: Run,
+        state: TrainState,
+        on_phase: Callable[[str], None] | None = None,
+        stops: StopSignals | None = None,
     ) -> None:
-        """``on_phase(name)`` is called after each timed phase (the memory meter's hook)."""
+        """``on_phase(name)`` is called after each timed phase (the memory meter's hook);
+        ``stops``: the run's stop signals (training/preempt), which let an update finish and
+        skip the weight push once a signal came."""
         self.run, self.state, self.cfg = run, state, run.cfg
         self.on_phase = on_phase
+        self.stops = stops
         k = run.cfg.rollout.max_staleness
         remote = getattr(run.engine, "remote", False)
-        self._ahead = Lookahead(self.request, self.resample, k, remote) if k > 0 else None
-        # around the update: the trainer's stop signals let an update finish (training/preempt)
-        self.update_guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self._ahead = Lookahead(k, remote) if k > 0 else None
 
     # ------------------------------------------------------------------ the lookahead's life
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps of the step: the batch generated ahead (``rollout.max_staleness``)."""
-        return {"lookahead": self._ahead.state_dict()} if self._ahead is not None else {}
+    def state_dict(self, *, stopping: bool = False) -> dict:
+        """What a checkpoint keeps of the step: the batches generated ahead
+        (``rollout.max_staleness``). ``stopping`` (a stop signal's checkpoint): only the finished
+        ones, and the prompt sampler goes back to before the first one dropped (the run ends
+        after this checkpoint), so the resumed run generates those again from the same prompts
+        and seeds."""
+        if self._ahead is None:
+            return {}
+        state, sampler = self._ahead.state_dict(finished_only=stopping)
+        if sampler is not None:
+            self.state.sampler.load_state_dict(sampler)
+        return {"lookahead": state}
 
     def load_state_dict(self, state: dict) -> None:
         if self._ahead is not None:
@@ -82,20 +97,29 @@ class Step:
         if self.cfg.algo.dynamic_sampling:
             batch, metrics = self.fill(batch, timed)
         if self._ahead is not None:  # rollout.max_staleness=k: request up to step + k
-            self._ahead.advance(self.state.step, self.cfg.train.max_steps, metrics, times, timed)
+            self._ahead.log(metrics, times)
+            for ahead in self._ahead.to_request(self.state.step, self.cfg.train.max_steps):
+                timed("time_rollout", self._request_ahead, ahead)
         metrics.update(staleness_stats(batch.completions, self.state.policy_version))
         if self.cfg.rollout.sleep_during_update and hasattr(self.run.engine, "sleep"):
             self.run.engine.sleep()  # GPU: free the engine's memory for the update (wakes on sync)
         lr = self.state.scheduler.get_last_lr()[0]
         diffs = timed("time_logprobs", self.logprobs, batch, times)
         metrics.update(timed("time_prepare", self.prepare, batch))
-        with self.update_guard():
-            update_metrics, more_diffs = timed("time_update", update, batch, self.state, self.run)
+        guard = self.stops.updating if self.stops is not None else contextlib.nullcontext
+        with guard():
+            update_metrics, more_diffs = timed(
+                "time_update", update, batch, self.state, self.run, self.stops
+            )
         metrics.update(update_metrics)
         metrics.update(self._trust_stats(diffs + more_diffs))
         if self._ahead is not None:
             self._ahead.waited()  # from here: the wait of this push only
-        sync = timed("time_sync", self.sync)
+        # once a stop signal came (one process: the ranks push together), no push: a resume
+        # pushes the restored weights, and the push may wait for a generation running ahead
+        stopping = self.stops is not None and self.stops.stopping and not self.run.dist.enabled
+        sync = None if stopping else timed("time_sync", self.sync)
+        times.setdefault("time_sync", 0.0)
         if self._ahead is not None:  # the push waited for a generation in flight (overlap._Gate)
             times["time_wait_ahead"] = self._ahead.waited()
             times["time_sync"] -= times["time_wait_ahead"]
@@ -123,7 +147,7 @@ class Step:
         """Seed every RNG from (train.seed, step, dynamic-sampling round): a resumed step draws
         what it drew before. ``step`` defaults to the running step (0-based ``state.step``)."""
         step = self.state.step if step is None else step
-        seed = self.cfg.train.seed * 1_000_003 + step + 104_729 * round_
+        seed = step_seed(self.cfg.train.seed, step, round_)
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
@@ -131,6 +155,12 @@ class Step:
 
     def generate(self, round_: int = 0) -> RolloutBatch:
         return self.request(self.state.step, round_)()
+
+    def _request_ahead(self, step: int) -> None:
+        """Queue step ``step``'s batch in the lookahead, with the sampler's state before its
+        prompts are drawn."""
+        sampler = dict(self.state.sampler.state_dict())
+        self._ahead.start(step, self.request(step), sampler)
 
     def request(self, step: int, round_: int = 0) -> Callable[[], RolloutBatch]:
         """Draw step ``step``'s prompts and seeds and sync the engine, in this thread; the
@@ -194,7 +224,7 @@ class Step:
         """Step ``step``'s batch generated again from its prompts and seeds on the current
         weights (pushed first): a batch ahead dropped as too stale (`overlap.Lookahead.take`)."""
         self.push()
-        seed = self.cfg.train.seed * 1_000_003 + step  # seed(0, step), no RNG touched
+        seed = step_seed(self.cfg.train.seed, step)  # seed(0, step), no RNG touched
         lo = self.run.dist.rank * len(batch.rows)
         params = self._params(seed, lo, len(batch.rows))
         return self.sample(batch.rows, batch.prompt_texts, batch.prompt_ids, batch.vision, params)
@@ -208,6 +238,7 @@ class Step:
             [r["answer"] for r in flat_rows],
             flat_rows,
             [c.truncated for c in comps],
+            where=f"step {self.state.step + 1}",
         )
         flat_scores, flat_valid = episode_scores(comps, rewards.scores, rewards.valid)
         scores = torch.tensor(flat_scores, dtype=torch.float32).view(-1, g)
@@ -250,6 +281,8 @@ class Step:
             have = count_informative(rounds, metric)
             if not all_reduce_sum([float(have < need)], self.run.dist)[0]:
                 break
+            if self._ahead is not None:  # these prompts are drawn after the batches ahead
+                self._ahead.pin()
             batch = timed("time_rollout", self.generate, len(rounds))
             timed("time_reward", self.score, batch)
             rounds.append(batch)
@@ -335,10 +368,18 @@ class Step:
         return {**advantage_stats(batch), **tis, **stats}
 
     def next_batch(self) -> RolloutBatch:
-        """This step's batch: the one generated ahead (waiting for it), else generated now."""
-        ahead = self._ahead
-        taken = ahead.take(self.state.step, self.state.policy_version) if ahead else None
-        return taken if taken is not None else self.generate()
+        """This step's batch: the one generated ahead (waiting for it), else generated now. A
+        batch ahead more than ``rollout.max_staleness`` versions behind is generated again."""
+        ahead, step = self._ahead, self.state.step
+        batch = ahead.take(step) if ahead is not None else None
+        if batch is None:
+            return self.generate()
+        if ahead.too_stale(batch, self.state.policy_version):
+            t = time.perf_counter()
+            fresh = self.resample(batch, step)
+            ahead.replaced(fresh, time.perf_counter() - t)
+            return fresh
+        return batch
 
     def sync(self, every: int | None = None) -> dict | None:
         """Push the weights to the engine if it is ``every`` (``rollout.sync_every``) or more
@@ -366,6 +407,7 @@ class Step:
                 infos=[x for p in parts for x in p[3].infos],
                 valid=[x for p in parts for x in p[3].valid],
                 failures=[x for p in parts for x in p[3].failures],
+                errors=[x for p in parts for x in p[3].errors],
             )
         return rollout_metrics(scores, valid, comps, rewards, self.cfg.rollout.max_new_tokens)
 
@@ -385,15 +427,17 @@ class Step:
         }
 
 
+def step_seed(train_seed: int, step: int, round_: int = 0) -> int:
+    """The seed of step ``step``'s generation round ``round_`` (dynamic sampling's rounds)."""
+    return train_seed * 1_000_003 + step + 104_729 * round_
+
+
 def kl_penalty(batch: RolloutBatch, kind: str) -> torch.Tensor:
     """``[P, G]``: each sequence's summed per-token KL estimate ``kind`` of the sampling policy
     against the reference (the penalty ``algo.kl_mode=reward`` subtracts, times the coefficient)."""
     out = torch.zeros(batch.size)
-    # an episode's environment tokens carry no KL; single-turn replies are the model's alone
-    episodes = any(c.loss_mask is not None for c in batch.completions)
-    masks = batch.loss_masks if episodes else None
+    masks = batch.loss_masks  # an episode's environment tokens carry no KL
     for i, (lp, ref) in enumerate(zip(batch.old_logp, batch.ref_logp, strict=True)):
         if len(lp):
-            kl = kl_estimate(lp.float(), ref.float(), kind)
-            out[i] = (kl * masks[i] if masks is not None else kl).sum()
+            out[i] = (kl_estimate(lp.float(), ref.float(), kind) * masks[i][: len(lp)]).sum()
     return out.view(-1, batch.group_size)

@@ -151,10 +151,10 @@ def summarize_update_stats(
 
 def advantage_stats(batch: RolloutBatch) -> dict[str, float]:
     """adv_mean/std over valid sequences, min/max over all, of the per-sequence advantage (a
-    token advantage counts by its sequence mean)."""
+    token advantage counts by its mean over the sequence's model tokens)."""
     adv = batch.advantages
     if not isinstance(adv, torch.Tensor):
-        adv = torch.stack([a[: max(1, len(a))].mean() if len(a) else a.new_zeros(()) for a in adv])
+        adv = batch.model_token_means(adv)
     valid = batch.valid.reshape(-1)
     has = bool(valid.any())
     return {

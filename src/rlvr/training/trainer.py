@@ -26,13 +26,15 @@ from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
 from rlvr.objectives.batch import RolloutBatch
+from rlvr.sandbox import in_use as sandbox_in_use
 from rlvr.telemetry.health import HealthStop, first_stop, write_health
 from rlvr.telemetry.keys import MEMORY_PLAN_KEY
 from rlvr.telemetry.samples import write_samples
-from rlvr.telemetry.sinks import MetricsLogger, read_metrics
+from rlvr.telemetry.sinks import MetricsLogger, read_metrics, truncate_metrics
 from rlvr.telemetry.spikes import SpikeLog
 from rlvr.training.loop import (
     checkpoint_last_step,
+    data_line,
     fmt_eval,
     health_gate,
     interrupt_note,
@@ -43,6 +45,7 @@ from rlvr.training.loop import (
     save,
     save_final,
     save_on_stop,
+    truncation_notes,
     write_status,
 )
 from rlvr.training.memory import GIB, MemoryMeter, compare
@@ -72,7 +75,16 @@ class Trainer:
             cfg, model=model, tokenizer=tokenizer, processor=processor, run_dir=run_dir
         )
         self.memory = MemoryMeter(self.run.device, self.run.dist, self.run.engine)
-        self.step_fn = Step(self.run, self.state, on_phase=self.memory.phase)
+        # a step may be abandoned before its update only where no other rank waits on it and
+        # no batch ahead was drawn (see training/preempt)
+        dist = self.run.dist
+        self.stops = StopSignals(
+            cfg.train.stop_signals,
+            cfg.train.stop_grace_s,
+            abandon=not dist.enabled and cfg.rollout.max_staleness == 0,
+            ranks=dist.enabled,
+        )
+        self.step_fn = Step(self.run, self.state, on_phase=self.memory.phase, stops=self.stops)
         self.last_batch: RolloutBatch | None = None
         self.history: list[dict] = []  # every step's metrics, in order
 
@@ -107,16 +119,19 @@ class Trainer:
         (running, then finished, interrupted, preempted, stopped_by_health or failed)."""
         run, state, cfg = self.run, self.state, self.cfg
         run_dir, main = run.run_dir, run.dist.is_main
-        # a step may be abandoned before its update only where no other rank waits on it and
-        # no batch ahead was drawn (see training/preempt)
-        alone = not run.dist.enabled and cfg.rollout.max_staleness == 0
-        stops = StopSignals(cfg.train.stop_signals, cfg.train.stop_grace_s, abandon=alone)
-        self.step_fn.update_guard = stops.updating
+        stops = self.stops
         try:
             extra, self.history = resume(run, state, self.step_fn)
         except BaseException:
             run.close()
             raise
+        # a stop signal skipped the evaluation of the step the run resumes at: it runs first, and
+        # its scores join that step's metrics line (logged again below)
+        pending = (extra.get("evaluator") or {}).get("pending")
+        pending_line = None
+        if pending is not None and self.history and self.history[-1]["step"] == pending:
+            pending_line = self.history.pop()
+            truncate_metrics(run_dir, pending - 1)
         logger = MetricsLogger(
             run_dir,
             tensorboard=cfg.logging.tensorboard,
@@ -170,8 +185,25 @@ class Trainer:
                 summary["before"] = {k: v for k, v in before.items() if k.startswith("eval/")}
                 if main:
                     print(f"[rlvr] before training: {fmt_eval(summary['before'])}", flush=True)
+                    for line in truncation_notes(cfg, before):
+                        print(f"[rlvr] warning: {line}", file=sys.stderr, flush=True)
+            if pending_line is not None:
+                last = state.step == cfg.train.max_steps
+                scores = evaluator.at_step(state.step, last)
+                if last and scores and "before" in summary:
+                    summary["after"] = {k: v for k, v in scores.items() if k.startswith("eval/")}
+                pending_line.update(scores)
+                logger.log(pending_line)
+                self.history.append(pending_line)
+                events = gate.check(state.step, pending_line)
+                if events:
+                    write_health(run_dir, gate.events, None)
+                if evaluator.stop_reason:
+                    summary["early_stop"] = self._early_stop(state.step, evaluator.stop_reason)
             bar = tqdm(
-                range(state.step, cfg.train.max_steps),
+                range(state.step, cfg.train.max_steps if "early_stop" not in summary else 0),
+                initial=state.step,  # a resumed run counts on from its checkpoint's step
+                total=cfg.train.max_steps,
                 desc="train",
                 unit="step",
                 disable=not (cfg.logging.progress and main),
@@ -185,7 +217,14 @@ class Trainer:
                 metrics = {"step": step, **metrics, **first_line}
                 first_line = {}
                 last = step == cfg.train.max_steps
-                scores = evaluator.at_step(step, last)
+                # once a stop signal came (every rank agrees here), only what the checkpoint
+                # needs: no evaluation (one under way is cut short), no samples
+                stopping = stops.requested(run.dist) is not None
+                scores = stops.cut_short(evaluator.at_step, step, last)
+                if scores is None:
+                    stopping = True
+                    evaluator.skip(step, last)
+                    scores = {}
                 metrics.update(scores)
                 if last and scores and "before" in summary:
                     summary["after"] = {k: v for k, v in scores.items() if k.startswith("eval/")}
@@ -193,7 +232,10 @@ class Trainer:
                 spikes.maybe_record(
                     step, metrics.get("grad_norm_max", 0.0), metrics, batch.prompt_texts
                 )
-                if cfg.logging.samples_every and step % cfg.logging.samples_every == 0:
+                sample_every = cfg.logging.samples_every
+                # the first and last steps too: a short run still shows what the model wrote
+                samples = sample_every and (step % sample_every == 0 or step == 1 or last)
+                if samples and not stopping:
                     write_samples(run_dir, step, sample_records(batch))
                 logger.log(metrics)
                 self.history.append(metrics)
@@ -201,7 +243,9 @@ class Trainer:
                 events = gate.check(step, metrics)
                 for ev in events if main else []:
                     tqdm.write(
-                        f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: {ev.values}"
+                        f"[rlvr] health {ev.action}: {ev.rule} at step {ev.step}: "
+                        f"{ev.values}\n  {ev.advice}",
+                        file=sys.stderr,
                     )
                 stop = first_stop(events)
                 if events:
@@ -210,16 +254,12 @@ class Trainer:
                     raise HealthStop(stop)
                 every = cfg.train.save_every
                 if every and (step % every == 0 or last or evaluator.stop_reason):
-                    save(run, state, self.step_fn, evaluator)
+                    save(run, state, self.step_fn, evaluator, stopping=stopping)
                 if evaluator.stop_reason:
-                    atomic_write_text(
-                        run_dir / "early_stop.json",
-                        json.dumps({"step": step, "reason": evaluator.stop_reason}),
-                    )
-                    tqdm.write(f"[rlvr] early stop at step {step}: {evaluator.stop_reason}")
-                    summary["early_stop"] = evaluator.stop_reason
+                    summary["early_stop"] = self._early_stop(step, evaluator.stop_reason)
                     break
-                signum = stops.requested(run.dist)  # every rank, at the same step
+                # every rank, at the same step (a signal may have come since the first agreement)
+                signum = stops.signum if stopping else stops.requested(run.dist)
                 if signum is not None:
                     raise Preempted(signum)
             summary["final_model"] = str(save_final(run))
@@ -239,7 +279,17 @@ class Trainer:
             stop.checkpoint = note
             raise
         except Preempted as stop:
-            note = save_on_stop(run, state, self.step_fn, evaluator, stop, stops)
+            try:
+                note = save_on_stop(run, state, self.step_fn, evaluator, stop, stops)
+            except BaseException as exc:  # status.json must not keep saying "running"
+                write_status(
+                    run_dir,
+                    "failed",
+                    error=f"the checkpoint on {stop.signal_name} failed: {type(exc).__name__}: {exc}",
+                    signal=stop.signal_name,
+                    step=state.step,
+                )
+                raise
             write_status(
                 run_dir, "preempted", signal=stop.signal_name, step=state.step, checkpoint=note
             )
@@ -270,6 +320,14 @@ class Trainer:
             self.step_fn.close()
             run.close()
 
+    def _early_stop(self, step: int, reason: str) -> str:
+        """Record an early stop at ``step`` (``early_stop.json``); returns the reason."""
+        atomic_write_text(
+            self.run.run_dir / "early_stop.json", json.dumps({"step": step, "reason": reason})
+        )
+        tqdm.write(f"[rlvr] early stop at step {step}: {reason}")
+        return reason
+
     def _banner(self) -> dict:
         """Print the run's first lines (directory, engine, precision, allocator); returns the
         summary's first entries."""
@@ -286,9 +344,18 @@ class Trainer:
             )
             print(f"[rlvr] precision: {precision}", flush=True)
             print(f"[rlvr] malloc: {malloc}; oneDNN primitive cache: {onednn}", flush=True)
+            if (box := sandbox_in_use()) is not None:  # model-written code runs (docs/sandbox.md)
+                print(f"[rlvr] sandbox: {box}", flush=True)
+            print(f"[rlvr] data: {data_line(cfg, run.train_rows, run.eval_rows)}", flush=True)
+            for note in cfg.inferred().values():
+                print(f"[rlvr] inferred: {note}", flush=True)
             if (rc := cfg.algo.correction()) is not None:
                 bounds = f"ratios kept in [{rc.bounds()[0]:g}, {rc.cap:g}]"
-                how = bounds if rc.action == "mask" else f"weights capped at {rc.cap:g}"
+                how = {
+                    "truncate": f"weights capped at {rc.cap:g}",
+                    "mask": f"{bounds}, weighted by their ratio",
+                    "reject": f"{bounds}, weighted 1",
+                }[rc.action]
                 print(
                     f"[rlvr] rollout correction: {rc.level} {rc.action}, {how} "
                     f"({correction_off_hint(cfg)}; docs/rollout.md)",

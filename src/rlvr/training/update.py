@@ -19,14 +19,20 @@ from rlvr.objectives.batch import (
     pad_rows,
 )
 from rlvr.training.batching import group_minibatches
+from rlvr.training.preempt import StopSignals
 from rlvr.training.setup import Run
 from rlvr.training.state import TrainState
 from rlvr.training.step_metrics import summarize_update_stats
 
 
-def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list]:
+def update(
+    batch: RolloutBatch, state: TrainState, run: Run, stops: StopSignals | None = None
+) -> tuple[dict, list]:
     """Train on ``batch``; returns (metrics, per-sequence trainer-minus-engine log-prob
-    differences when the update's own forward is the trainer's only log-prob pass)."""
+    differences when the update's own forward is the trainer's only log-prob pass).
+
+    ``stops`` (several ranks): a rank whose stop-signal grace ran out says so in each
+    minibatch's sum over ranks, and every rank leaves the update there (training/preempt)."""
     cfg, a, objective = run.cfg, run.cfg.algo, run.objective
     g, n = batch.group_size, batch.size
     comp_ids, comps = batch.comp_ids, batch.completions
@@ -48,8 +54,11 @@ def update(batch: RolloutBatch, state: TrainState, run: Run) -> tuple[dict, list
                 len(mb_valid),
                 sum(batch.model_tokens(i) for i in mb_valid),
                 objective.active_groups(batch, mb),
+                float(stops is not None and stops.grace_over),
             ]
-            seqs, toks, act = all_reduce_sum(local, run.dist)  # denominators span every rank
+            seqs, toks, act, over = all_reduce_sum(local, run.dist)  # denominators: every rank
+            if over:  # a rank's grace ran out: all leave the update here, together
+                stops.abandon_update(run.dist)
             counts = MinibatchCounts(sequences=int(seqs), tokens=int(toks), active_groups=int(act))
             opt.zero_grad(set_to_none=True)
             first = len(stats)  # this minibatch's micro-batch statistics start here

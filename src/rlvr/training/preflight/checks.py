@@ -1,5 +1,5 @@
 """Every check of a config before a run, in one place: the config's own cross-knob rules
-(`Config.problems()`), then the rules that need other packages (the objective registry and each
+(`rlvr.config.validate.problems`), then the rules that need other packages (the objective registry and each
 objective's own ``check``, loss aggregation names, reward specs, local data paths), then, once
 the processes are up, what a multi-process run cannot do. Each message names the knob.
 """
@@ -9,13 +9,14 @@ from __future__ import annotations
 import difflib
 
 from rlvr.algorithms import AGG_MODES
-from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError
+from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError, validate
 from rlvr.data.hub import missing_local
 from rlvr.distributed import DistInfo
 from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.builder import VLLM_KINDS, engine_kind
+from rlvr.sandbox import sandbox_problem
 
 
 def apply_objective_defaults(cfg: Config) -> dict[str, float]:
@@ -109,7 +110,7 @@ def config_problems(cfg: Config) -> list[str]:
     cfg = cfg.model_copy(deep=True)
     apply_objective_defaults(cfg)
     apply_engine_defaults(cfg)
-    out = cfg.problems()
+    out = validate.problems(cfg)
     a = cfg.algo
     objective = OBJECTIVES.get(a.objective)
     if objective is None:
@@ -131,6 +132,15 @@ def config_problems(cfg: Config) -> list[str]:
             )
     out.extend(_staleness_problems(cfg, objective))
     out.extend(_env_problems(cfg, objective))
+    r = cfg.rollout
+    if r.sync_every > 1 and engine_kind(cfg, world_size=1) in VLLM_KINDS:
+        out.append(
+            f"rollout.sync_every={r.sync_every} with the vLLM engine (rollout.engine / "
+            "rollout.mode=server): the engine would sample from weights up to "
+            f"{r.sync_every - 1} updates old, which no checkpoint holds, so a resumed run "
+            "(train.resume, a stop signal's requeue) would sample from newer weights than the "
+            "uninterrupted one; use rollout.sync_every=1"
+        )
     for key, p in (
         ("data.train_path", cfg.data.train_path),
         ("data.eval_path", cfg.data.eval_path),
@@ -165,9 +175,13 @@ def _env_problems(cfg: Config, objective) -> list[str]:
         )
     if cfg.env.name in (*BUILTIN_ENVS, "openenv") or ":" in cfg.env.name:
         try:
-            env_class(cfg.env.name)
+            cls = env_class(cfg.env.name)
         except ValueError as exc:
             out.append(str(exc))
+        else:
+            if getattr(cls, "runs_model_code", False):  # the Python tool: refused with no sandbox
+                why = sandbox_problem(f"env.name={cfg.env.name}", cfg.sandbox.backend)
+                out += [why] if why else []
     return out
 
 

@@ -1,7 +1,8 @@
 """`rlvr train --dry-run`: the plan of a run, checked, without loading model weights.
 
 Loads and validates the config, resolves the data (row counts), renders one example prompt
-with the model's tokenizer (light: no weights) and prints steps, samples per step, an upper
+with the model's tokenizer (light: no weights), calls each of your own rewards once on the first
+train row with a placeholder reply (a wrong signature fails here) and prints steps, samples per step, an upper
 bound on tokens per step and the learning-rate schedule. What could not be checked (for
 instance a tokenizer that is neither local nor cached while offline) is said, not skipped
 silently.
@@ -15,7 +16,7 @@ from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
 from rlvr.data.multimodal import has_images, render_inputs
 from rlvr.data.records import DataError
-from rlvr.data.rows import load_rows_for
+from rlvr.data.rows import load_rows_for, reward_specs
 from rlvr.data.templates import render_prompt, render_rows
 from rlvr.model.loading import (
     ModelLoadError,
@@ -24,6 +25,8 @@ from rlvr.model.loading import (
     resolve_model_path,
 )
 from rlvr.model.vlm import is_vlm, load_processor
+from rlvr.rewards.registry import is_user_target
+from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.preflight.checks import config_problems
 from rlvr.training.preflight.prompts import prompt_lengths, too_long
@@ -82,11 +85,42 @@ def _example(cfg: Config, tokenizer, row: dict, processor) -> str:
     """The text the run sends for ``row``: its episodes' first prompt (env.reset), else the
     rendered prompt."""
     if cfg.episodes:
-        runner = EpisodeRunner.from_config(cfg, tokenizer)
+        runner = EpisodeRunner.from_config(cfg, tokenizer, warn=False)
         [text] = runner.first_prompts([row])
         return text if text is not None else runner.renderer.prompt_text(str(row["prompt"]))
     d = cfg.data
     return render_inputs([row], d.template, tokenizer, d.system_prompt, processor)[0][0]
+
+
+PLACEHOLDER_REPLY = "The answer is 42."
+
+
+def reward_call_problems(cfg: Config, row: dict) -> list[str]:
+    """Each of your own rewards (``module:function``) called once, as training calls it, on the
+    first train row with a placeholder reply: a signature that does not take the row's fields
+    fails here, not at step 1. Built-ins are not called (their signature is rlvr's own)."""
+    out = []
+    for i, spec in enumerate(reward_specs(cfg)):
+        if not is_user_target(spec.name):
+            continue
+        with RewardRunner(
+            [spec], timeout_s=cfg.reward.timeout_s, max_failure_fraction=1.0, num_workers=1
+        ) as runner:
+            runner.warned = True  # the problem below says it
+            result = runner.score_batch(
+                [row["prompt"]], [PLACEHOLDER_REPLY], [row["answer"]], [row], [False]
+            )
+        error = result.error(0)
+        if error is None or "TypeError" not in error:
+            continue  # scoring a placeholder 0, or refusing it, is the reward's business
+        fields = ", ".join(k for k in row if not k.startswith("_") and k != "answer")
+        out.append(
+            f"reward.specs[{i}] ({spec.name}): called on {row.get('_source', 'train row 1')} "
+            f"with a placeholder reply, it failed: {error}. A reward is called as "
+            f"f(prompt, response, reference, **fields, truncated=bool) with this row's fields "
+            f"({fields}): name the ones it reads and end with **kwargs"
+        )
+    return out
 
 
 def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
@@ -134,6 +168,8 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
                 unchecked.append(
                     f"prompt lengths checked on the first {len(sample)} of {len(train)} rows"
                 )
+    if train and not any(p.startswith("reward.specs") for p in problems):
+        problems.extend(reward_call_problems(cfg, train[0]))
     if path is not None:
         problems.extend(cfg.validate_against_model(model_context_length(path)))
     res = run_preflight(t)
@@ -164,6 +200,7 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         f"model: {cfg.model.name_or_path} (weights not loaded)",
         f"objective: {cfg.algo.objective}",
         f"data: {source}; template {d.template}",
+        *(f"inferred: {note}" for note in cfg.inferred().values()),
         f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
         + (" (data not read)" if plan.train_rows == 0 else ""),
         f"example prompt ({tokens}):",

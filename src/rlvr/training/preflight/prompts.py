@@ -20,7 +20,7 @@ def prompt_lengths(cfg: Config, tokenizer, rows: list[dict], processor=None) -> 
     if not cfg.episodes:
         d = cfg.data
         return prompt_token_counts(rows, d.template, tokenizer, d.system_prompt, processor)
-    runner = EpisodeRunner.from_config(cfg, tokenizer)
+    runner = EpisodeRunner.from_config(cfg, tokenizer, warn=False)
     texts = runner.first_prompts(rows)
     render = runner.renderer
     return [

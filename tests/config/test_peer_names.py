@@ -1,0 +1,125 @@
+"""An unknown key gets what a peer framework (TRL, verl, OpenRLHF) means by it, or a real key it
+is a typo of; never a key that only shares words with it. Typos inside list items (reward specs)
+get the same help."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.config import ConfigError, known_keys, load_config
+from rlvr.config.sections import Config
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, list(overrides))
+    return str(err.value)
+
+
+# (override, the rlvr key it means) for the peers' names that have an equivalent
+EQUIVALENTS = [
+    ("per_device_train_batch_size=2", "algo.micro_batch_size"),  # TRL
+    ("train.per_device_train_batch_size=2", "algo.micro_batch_size"),
+    ("total_training_steps=3", "train.max_steps"),  # verl trainer.total_training_steps
+    ("trainer.total_training_steps=3", "train.max_steps"),
+    ("data.train_batch_size=8", "algo.prompts_per_step"),  # verl: prompts per step
+    ("kl_loss_coef=0.001", "algo.beta"),  # verl, the KL as a loss (rlvr's default kl_mode)
+    ("algo.kl_loss_coef=0.001", "algo.beta"),
+    ("rollout_n=8", "algo.group_size"),
+    ("rollout.n=8", "algo.group_size"),  # verl's rollout.n under rlvr's rollout section
+    ("actor_rollout_ref.rollout.n=8", "algo.group_size"),  # verl's full dotted name
+    ("actor_rollout_ref.actor.ppo_epochs=2", "algo.epochs_per_batch"),
+    ("actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algo.kl_estimator"),
+    ("num_generations=8", "algo.group_size"),  # TRL
+    ("max_completion_length=256", "rollout.max_new_tokens"),
+    ("learning_rate=1e-6", "train.lr"),
+    ("n_samples_per_prompt=8", "algo.group_size"),  # OpenRLHF
+    ("rollout_batch_size=128", "algo.prompts_per_step"),
+    ("micro_train_batch_size=4", "algo.micro_batch_size"),
+    ("train.warmup_ratio=0.1", "train.warmup_steps"),
+]
+
+
+@pytest.mark.parametrize("override, key", EQUIVALENTS)
+def test_a_peer_name_with_an_equivalent_names_it(override: str, key: str) -> None:
+    message = refusal(override)
+    assert message.endswith(f"did you mean {key!r}?"), message
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("gradient_accumulation_steps=4", "gradient accumulation is automatic"),
+        ("train.gradient_accumulation_steps=4", "micro-batches of algo.micro_batch_size"),
+        ("num_train_epochs=3", "set train.max_steps"),
+        ("trainer.total_epochs=3", "set train.max_steps"),
+        ("logging_steps=1", "every step is logged"),
+    ],
+)
+def test_a_peer_name_without_an_equivalent_says_so(override: str, said: str) -> None:
+    message = refusal(override)
+    assert "rlvr has no such knob" in message and said in message, message
+    assert "did you mean" not in message
+
+
+@pytest.mark.parametrize(
+    "override, wrong",
+    [  # what the lexical suggestion used to be: each a different knob
+        ("train.per_device_train_batch_size=2", "preflight_min_fraction"),
+        ("gradient_accumulation_steps=4", "warmup_steps"),
+        ("total_training_steps=3", "warmup_steps"),
+        ("data.train_batch_size=8", "data.train_path"),
+        ("kl_loss_coef=0.1", "kl_mode"),
+        ("algo.kl_loss_coef=0.1", "kl_mode"),
+        ("rollout_n=4", "rollout_correction"),
+    ],
+)
+def test_a_peer_name_is_never_answered_with_a_lookalike(override: str, wrong: str) -> None:
+    suggested = refusal(override).partition("did you mean ")[2]
+    assert wrong not in suggested
+
+
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("train.max_step=4", "train.max_steps"),
+        ("algo.group_sise=4", "algo.group_size"),
+        ("algo.maxent.tua=1", "algo.maxent.tau"),
+        ("rollout.temprature=0.5", "rollout.temperature"),
+        ("train.wramup_steps=2", "train.warmup_steps"),
+        ("algo.prompt_per_step=2", "algo.prompts_per_step"),
+    ],
+)
+def test_a_typo_gets_the_key_it_misspells(override: str, suggestion: str) -> None:
+    assert refusal(override).endswith(f"did you mean {suggestion!r}?")
+
+
+@pytest.mark.parametrize(
+    "override", ["train.foo_bar_baz=1", "train.batch_size_per_gpu=2", "algo.kl_mode_x_y=1"]
+)
+def test_no_suggestion_below_a_near_miss(override: str) -> None:
+    message = refusal(override)
+    assert "did you mean" not in message and override.split("=")[0] in message
+
+
+@pytest.mark.parametrize(
+    "override, where, suggestion",
+    [
+        ("reward.specs=[{name: math, weigth: 2}]", "reward.specs[0]", "weight"),
+        ("reward.specs=[{name: math}, {name: x, kwarg: {}}]", "reward.specs[1]", "kwargs"),
+        ("reward.specs=[{name: math, nmae: x}]", "reward.specs[0]", "name"),
+    ],
+)
+def test_a_typo_inside_a_reward_spec_is_named_with_a_suggestion(
+    override: str, where: str, suggestion: str
+) -> None:
+    message = refusal(override)
+    assert f"{where}: unknown key" in message and f"did you mean {suggestion!r}?" in message
+    assert "Extra inputs are not permitted" not in message
+
+
+def test_every_mapped_key_is_a_real_key() -> None:
+    from rlvr.config.peer_names import PEER_NAMES
+
+    known = set(known_keys(Config))
+    assert {key for key, _ in PEER_NAMES.values() if key is not None} <= known

@@ -1,0 +1,109 @@
+"""The sandbox's interface, run for real on every backend that works on this machine:
+files in the working folder, stdin, pipes, each limit named in Result.limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.config import ConfigError, config_from_dict
+from rlvr.sandbox import Limits, SandboxUnavailable, get_sandbox
+from rlvr.sandbox.select import reset_cache
+
+
+def test_files_stdin_and_both_streams_come_back(box):
+    r = box.run(
+        ["python3", "pkg/main.py"],
+        files={
+            "pkg/main.py": "import sys, helper\nprint(helper.X + input())\nsys.exit(3)",
+            "pkg/helper.py": b"X = 'a'\n",
+        },
+        stdin="bc\n",
+    )
+    assert (r.returncode, r.stdout, r.limit, r.timed_out) == (3, "abc\n", None, False)
+    assert r.backend == box.name
+    r = box.run(["python3", "-c", "import sys; sys.stderr.write('oops')"])
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "oops")
+
+
+def test_python3_is_the_isolated_interpreter_with_only_the_stdlib(box):
+    r = box.run(
+        [
+            "python3",
+            "-c",
+            "import sys; print(sys.flags.ignore_environment, sys.flags.no_site)\n"
+            "import importlib.util as u; print(u.find_spec('torch'), u.find_spec('rlvr'))",
+        ]
+    )
+    assert r.stdout.split() == ["1", "1", "None", "None"], r
+
+
+def test_wall_limit_kills_and_says_so(box):
+    r = box.run(["python3", "-c", "while True: pass"], limits=Limits(wall_s=1.0))
+    assert (r.returncode, r.timed_out, r.limit) == (None, True, "wall")
+    assert 0.9 < r.wall_s < 3.0
+
+
+def test_output_is_cut_and_flagged(box):
+    r = box.run(["python3", "-c", "print('x' * 100000)"], limits=Limits(output_bytes=1000))
+    assert r.limit == "output" and r.stdout == "x" * 1000
+
+
+def test_cpu_limit(box):
+    code = "import time\nt = time.time()\nwhile time.time() - t < 5: pass"
+    r = box.run(["python3", "-c", code], limits=Limits(cpu_s=1, wall_s=8))
+    assert r.limit == "cpu" and r.returncode != 0, r
+
+
+def test_file_names_must_stay_inside_the_folder(box):
+    for bad in ("/etc/x", "../x", "a/../../x", ""):
+        with pytest.raises(ValueError, match="relative path"):
+            box.run(["python3", "-c", "pass"], files={bad: "x"})
+
+
+def test_limits_refuse_nonpositive_values():
+    with pytest.raises(ValueError, match="Limits.memory_mb"):
+        Limits(memory_mb=0)
+
+
+def test_config_section_names_the_bad_backend():
+    assert config_from_dict({}).sandbox.backend == "auto"
+    assert config_from_dict({"sandbox": {"backend": "my.mod:Remote"}}).sandbox.backend
+    with pytest.raises((ConfigError, ValueError), match="sandbox.backend='docker'"):
+        config_from_dict({"sandbox": {"backend": "docker"}})
+
+
+def test_unknown_backend_is_unavailable_with_a_clear_message():
+    reset_cache()
+    with pytest.raises(SandboxUnavailable, match="not one of auto"):
+        get_sandbox("docker")
+    with pytest.raises(SandboxUnavailable, match="ModuleNotFoundError"):
+        get_sandbox("no_such_module_xyz:Factory")
+
+
+def test_the_semaphore_bounds_programs_at_once_and_the_wait_is_not_their_time():
+    import threading
+
+    from rlvr.config import SandboxConfig
+    from rlvr.sandbox import configure
+
+    configure(SandboxConfig(concurrency=2))
+    try:
+        box = get_sandbox()
+        code = "import time\nt = time.time()\ntime.sleep(1.0)\nprint(t, time.time())"
+        results = []
+
+        def call() -> None:
+            results.append(box.run(["python3", "-c", code], limits=Limits(wall_s=2.5)))
+
+        threads = [threading.Thread(target=call) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # each waited up to ~2 s for a slot, yet none timed out: its 2.5 s began with its program
+        assert [r.limit for r in results] == [None] * 6, results
+        spans = [tuple(map(float, r.stdout.split())) for r in results]
+        most = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+        assert most == 2, spans
+    finally:
+        configure(SandboxConfig())
