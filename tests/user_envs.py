@@ -29,6 +29,28 @@ class CountDown:
         return str(self.left), None, False
 
 
+class LongFirstPrompt:
+    """Starts every episode from ``length`` characters whatever the row's prompt (the tiny
+    character tokenizer: that many tokens), and counts the instances made and closed in this
+    process, so a check that plays no episode can be shown to close every one it opened."""
+
+    made = 0
+    closed = 0
+
+    def __init__(self, length: int = 100) -> None:
+        type(self).made += 1
+        self.length = length
+
+    def reset(self, row: dict) -> str:
+        return "x" * self.length
+
+    def step(self, model_text: str):
+        return None, None, True
+
+    def close(self) -> None:
+        type(self).closed += 1
+
+
 class ScriptedPython:
     """The built-in Python tool, whose first call runs ``code`` whatever the model wrote (a tiny
     random model never writes a tool call): the sandbox joined into a real training run."""

@@ -140,6 +140,23 @@ def test_config_refuses_what_episodes_do_not_support_yet():
     assert "env.name='user_envs:NoSuchClass'" in "\n".join(config_problems(bad))
 
 
+@pytest.mark.parametrize("source", ["psgrpo_steps", "prm_dense"])
+def test_gspo_token_takes_episodes_only_where_its_advantage_source_does(source):
+    """gspo_token composes another objective's advantages: with a PRM source the PRM would
+    score whole episodes (tool output included), so it is refused as the source itself is."""
+    from rlvr.training.preflight.checks import config_problems
+
+    prm = ["algo.psgrpo.prm=toy_rewards:count_sevens", "env.name=calculator"]
+    cfg = load_config(
+        None, [*prm, "algo.objective=gspo_token", f"algo.gspo_token.advantages={source}"]
+    )
+    text = "\n".join(config_problems(cfg))
+    assert "algo.objective=gspo_token with env.name: not supported yet" in text
+    assert f"algo.gspo_token.advantages={source} with env.name" in text
+    grpo = load_config(None, [*prm, "algo.objective=gspo_token", "algo.gspo_token.advantages=grpo"])
+    assert config_problems(grpo) == []
+
+
 def test_the_engine_context_holds_a_whole_episode_and_one_more_turn():
     """vLLM refuses a prompt + max_new_tokens over its max_model_len: a late turn's prompt is
     the episode so far (up to rollout.max_episode_tokens after the prompt), and it may still ask

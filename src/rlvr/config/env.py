@@ -140,7 +140,7 @@ def env_problems(cfg) -> list[str]:
     """What multi-turn episodes cannot run with (yet), each naming the knob (``cfg``: the run
     Config; the objective's own support is checked in rlvr.training.preflight.checks)."""
     e = cfg.env
-    if not e.name:
+    if not cfg.episodes:
         return []
     out = []
     if e.name == OPENENV and not (e.kwargs.get("base_url") or e.kwargs.get("env_class")):

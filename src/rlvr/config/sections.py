@@ -169,9 +169,9 @@ class RolloutConfig(Section):
         description="k: the batches of the next k steps are requested before this step's update "
         "(generated alongside the trainer in rollout.mode=server, in order in the trainer's "
         "thread otherwise), each at most k versions old when trained; an older batch is dropped "
-        "and regenerated (docs/rollout.md). Pair with algo.rollout_correction (vLLM's default: "
-        "token truncation). "
-        "0: on-policy.",
+        "and regenerated (docs/rollout.md). k > 0 needs a behaviour correction: token truncation "
+        "(cap 2) where algo.rollout_correction.level and algo.tis_cap are unset; refused with "
+        "the correction off or an objective that takes none. 0: on-policy.",
     )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(
@@ -328,10 +328,16 @@ class Config(Section):
         return dict(self._inferred)
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def episodes(self) -> bool:
+        """Whether rollouts are multi-turn episodes (``env.name`` set): the one place every
+        consumer asks."""
+        return bool(self.env.name)
+
     def completion_tokens(self) -> int:
         """Most tokens after the prompt in one sequence: a reply (rollout.max_new_tokens) or,
         with env.name set, a whole episode (rollout.max_episode_tokens)."""
-        if self.env.name:
+        if self.episodes:
             return self.rollout.max_episode_tokens
         return self.rollout.max_new_tokens
 
@@ -352,7 +358,7 @@ class Config(Section):
             return []
         need = self.data.max_prompt_tokens + self.completion_tokens()
         if need > context_length:
-            knob = "rollout.max_episode_tokens" if self.env.name else "rollout.max_new_tokens"
+            knob = "rollout.max_episode_tokens" if self.episodes else "rollout.max_new_tokens"
             return [
                 f"data.max_prompt_tokens + {knob} = {need} exceeds the model context "
                 f"({context_length} tokens)"

@@ -69,6 +69,17 @@ def load_processor(path: str | Path):
     return processor
 
 
+def load_policy_tokenizer(path: str) -> tuple[object, object | None]:
+    """(tokenizer, processor) of the model folder ``path`` as `load_policy_model` prepares them,
+    without its weights: a VLM's processor and its tokenizer, else the tokenizer and None."""
+    if is_vlm(path):
+        processor = load_processor(path)
+        return prepare_tokenizer(processor.tokenizer), processor
+    from transformers import AutoTokenizer
+
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(path)), None
+
+
 def load_policy_model(
     name_or_path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
 ) -> tuple[torch.nn.Module, object, object | None]:

@@ -85,6 +85,19 @@ class Objective:
         """This objective's own config rules, each message naming the knob."""
         return []
 
+    # What the objective can take, as ``cfg`` configures it: the checks ask these, never the
+    # class flags, so an objective composed of others (gspo_token's advantage source) answers
+    # for what it composes.
+    @classmethod
+    def takes_correction(cls, cfg: Config) -> bool:
+        """Whether its policy term weights tokens by a rollout correction (``supports_tis``)."""
+        return cls.supports_tis
+
+    @classmethod
+    def takes_episodes(cls, cfg: Config) -> bool:
+        """Whether its preparation can read multi-turn episodes (``supports_episodes``)."""
+        return cls.supports_episodes
+
     # ------------------------------------------------------------------ set-up
     def attach(
         self,

@@ -38,7 +38,19 @@ class GSPOToken(GSPO):
             )
         else:
             out.extend(OBJECTIVES[source].check(cfg))
+            if cfg.episodes and not OBJECTIVES[source].takes_episodes(cfg):
+                out.append(
+                    f"algo.gspo_token.advantages={source} with env.name: its PRM would score "
+                    "whole episodes, tool output included; use grpo, drgrpo or rloo"
+                )
         return out
+
+    @classmethod
+    def takes_episodes(cls, cfg) -> bool:
+        """Its advantages are the source's: episodes only where the source takes them (a PRM
+        source scores one reply's steps, not an episode's turns and tool output)."""
+        source = OBJECTIVES.get(cfg.algo.gspo_token.advantages)
+        return cls.supports_episodes and (source is None or source.takes_episodes(cfg))
 
     def __init__(self, cfg, tokenizer=None) -> None:
         super().__init__(cfg, tokenizer)

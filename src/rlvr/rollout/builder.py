@@ -9,6 +9,7 @@ from rlvr.config import Config, ConfigError
 from rlvr.model.precision import weights_dtype
 from rlvr.model.vlm import is_vlm_config
 from rlvr.rollout.hf import HFEngine
+from rlvr.rollout.vllm_colocate import colocated
 
 
 def vllm_available() -> bool:
@@ -36,6 +37,31 @@ def engine_for(cfg: Config, model=None) -> str:
     if cfg.rollout.engine == "vllm" and vlm:
         raise ConfigError(VLLM_VLM_REFUSAL)
     return cfg.rollout.engine
+
+
+# The engine kinds `engine_kind` resolves to: the transformers engine over the trainer's module;
+# vLLM in this process; vLLM one engine per rank (or TP group) of a torchrun job
+# (rollout/vllm_colocate.py); the vLLM server in its own process (rollout.mode=server).
+ENGINE_KINDS = ("hf", "vllm", "vllm_colocated", "server")
+VLLM_KINDS = ("vllm", "vllm_colocated", "server")  # rollouts sampled by vLLM's kernels
+
+
+def engine_kind(
+    cfg: Config, model=None, *, world_size: int | None = None, offline: bool = False
+) -> str:
+    """The one answer to "which engine" (``ENGINE_KINDS``): the builder builds it, the engine
+    defaults (`training/preflight/checks.apply_engine_defaults`) and the memory plan read it.
+    ``rollout.mode=server`` is the server, whatever this venv holds (its worker runs vLLM);
+    else `engine_for`'s hf or vLLM, vLLM colocated with the trainer's ranks when ``world_size``
+    (default: this process's torch.distributed job) is above 1. ``offline``: an evaluation's
+    engine, always in this process."""
+    if cfg.rollout.mode == "server" and not offline:
+        return "server"
+    if engine_for(cfg, model) == "hf":
+        return "hf"
+    if world_size is None:
+        return "vllm_colocated" if colocated() else "vllm"
+    return "vllm_colocated" if world_size > 1 else "vllm"
 
 
 def vlm_rollout_problems(cfg: Config) -> list[str]:
@@ -71,11 +97,12 @@ def build_engine(
     problems = vlm_rollout_problems(cfg) if is_vlm_config(getattr(model, "config", None)) else []
     if problems and dtype is None:
         raise ConfigError("\n".join(problems))
-    if cfg.rollout.mode == "server" and dtype is None:  # vLLM in its own process (docs/rollout.md)
+    kind = engine_kind(cfg, model, offline=dtype is not None)
+    if kind == "server":  # vLLM in its own process (docs/rollout.md)
         from rlvr.rollout.server import ServerEngine
 
         return ServerEngine.from_trainer(cfg, model, tokenizer)
-    if engine_for(cfg, model) == "vllm":  # one engine per rank (or TP group) under torchrun
+    if kind != "hf":  # one engine per rank (or TP group) under torchrun
         from rlvr.rollout.vllm import VLLMEngine
 
         if dtype is not None:

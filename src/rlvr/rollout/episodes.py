@@ -262,19 +262,23 @@ class EpisodeRunner:
     """What a run needs to play its episodes: the environment factory, the turn renderer and
     the limits, built once from the config (``from_config``: None without env.name)."""
 
-    def __init__(self, make_env, renderer: TurnRenderer, limits: EpisodeLimits) -> None:
+    def __init__(
+        self, make_env, renderer: TurnRenderer, limits: EpisodeLimits, *, warn: bool = True
+    ) -> None:
         self.make_env, self.renderer, self.limits = make_env, renderer, limits
-        if why := renderer.rewrite_warning():  # once per run, before its first episode
+        if warn and (why := renderer.rewrite_warning()):  # once per run, before its first episode
             log.warning(why)
 
     @classmethod
-    def from_config(cls, cfg, tokenizer) -> EpisodeRunner | None:
+    def from_config(cls, cfg, tokenizer, *, warn: bool = True) -> EpisodeRunner | None:
         """The runner of ``env.name``: None without one; agents (``agent:...``,
-        ``verifiers:...``) play through the OpenAI endpoint (rlvr.rollout.agents.AgentRunner)."""
+        ``verifiers:...``) play through the OpenAI endpoint (rlvr.rollout.agents.AgentRunner).
+        ``warn=False``: a runner that only renders prompts (the pre-run checks), which leaves
+        the template's warning to the run's own runner."""
         # the run's sandbox settings, for whatever runs model-written code in this process
         # (the Python tool, the code reward); training and evaluation both pass here
         configure_sandbox(cfg.sandbox)
-        if not cfg.env.name:
+        if not cfg.episodes:
             return None
         from rlvr.rollout.agents import AgentRunner, is_agent_env
 
@@ -287,7 +291,31 @@ class EpisodeRunner:
             r.max_turns, r.max_episode_tokens, e.timeout_s, e.max_observation_chars
         )
         renderer = TurnRenderer(cfg.data.template, tokenizer, cfg.data.system_prompt)
-        return cls(env_factory(e.name, e.kwargs), renderer, limits)
+        return cls(env_factory(e.name, e.kwargs), renderer, limits, warn=warn)
+
+    def first_prompts(self, rows: list[dict], at_once: int = 64) -> list[str | None]:
+        """The text each row's episodes start from, as `run_episodes` renders it: a fresh
+        environment's ``reset(row)`` (under env.timeout_s, ``at_once`` rows at a time), closed
+        at once, so checking a row leaves nothing running. None where the environment could not
+        be built or reset: those episodes fail, contained, when they run."""
+
+        def first(row: dict) -> Callable[[], str]:
+            def call() -> str:
+                env = self.make_env()
+                try:
+                    prompt = _bound(env, "reset", row)()
+                finally:
+                    _bound(env, "close")()
+                return self.renderer.prompt_text(prompt, row.get("system_prompt"))
+
+            return call
+
+        out: list[str | None] = []
+        for start in range(0, len(rows), at_once):
+            part = rows[start : start + at_once]
+            for o in call_all([first(r) for r in part], self.limits.timeout_s):
+                out.append(o.value if o.ok else None)
+        return out
 
     def run(self, engine, rows: list[dict], params: SamplingParams):
         """``params.n`` episodes per row: (prompt texts, prompt ids, groups)."""

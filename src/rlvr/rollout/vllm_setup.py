@@ -185,8 +185,7 @@ def max_model_len_for(cfg) -> int:
     new = cfg.rollout.max_new_tokens
     eval_cfg = getattr(cfg, "eval", None)
     eval_new = getattr(eval_cfg, "max_new_tokens", None) or 0
-    env = getattr(cfg, "env", None)
-    episode = cfg.rollout.max_episode_tokens if env is not None and env.name else 0
+    episode = cfg.rollout.max_episode_tokens if getattr(cfg, "episodes", False) else 0
     return cfg.data.max_prompt_tokens + episode + max(new, eval_new)
 
 

@@ -16,7 +16,6 @@ from rlvr import onednn_cache, sandbox
 from rlvr.algorithms import AdaptiveKLController, FixedKLController
 from rlvr.checkpoint.resume_plan import plan_resume
 from rlvr.config import Config, ConfigError
-from rlvr.data.multimodal import prompt_token_counts
 from rlvr.data.rows import load_rows_for, reward_specs
 from rlvr.distributed import (
     DistInfo,
@@ -35,7 +34,7 @@ from rlvr.model.freeze import default_freeze, freeze_prefixes, parameter_counts
 from rlvr.model.loading import model_context_length, prepare_tokenizer, resolve_model_path
 from rlvr.model.lora import apply_lora
 from rlvr.model.precision import resolve_autocast
-from rlvr.model.vlm import load_policy_model
+from rlvr.model.vlm import load_policy_model, load_policy_tokenizer
 from rlvr.objectives import Objective, build_objective
 from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.builder import build_engine
@@ -44,6 +43,7 @@ from rlvr.training.batching import PromptSampler
 from rlvr.training.preflight.checks import check_config, distributed_problems
 from rlvr.training.preflight.memory_check import memory_preflight
 from rlvr.training.preflight.memory_plan import MemoryPlan
+from rlvr.training.preflight.prompts import check_prompt_lengths
 from rlvr.training.schedule import build_scheduler, run_preflight
 from rlvr.training.state import TrainState
 
@@ -158,26 +158,13 @@ def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> P
     return run_dir
 
 
-def check_prompt_lengths(
-    cfg: Config, tokenizer, rows: list[dict], split: str, processor=None
-) -> None:
-    """Refuse, before the first step, any row whose rendered prompt exceeds data.max_prompt_tokens
-    (image tokens included), or rows with images for a model that cannot see them."""
-
-    limit = cfg.data.max_prompt_tokens
-    try:
-        lengths = prompt_token_counts(
-            rows, cfg.data.template, tokenizer, cfg.data.system_prompt, processor
-        )
-    except ValueError as exc:
-        raise ConfigError(f"{split} rows (data.task={cfg.data.task}): {exc}") from None
-    for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
-        if length > limit:
-            where = row.get("_source", f"{split} row {i}")
-            raise ConfigError(
-                f"{where}: the prompt has {length} tokens after the template, more than "
-                f"data.max_prompt_tokens={limit}; raise the limit or drop the row"
-            )
+def _check_prompts(cfg: Config, tokenizer, processor, train_rows, eval_rows) -> int:
+    """The longest train or eval prompt in tokens, as the run will send it; ConfigError on one
+    over data.max_prompt_tokens (`preflight.prompts.check_prompt_lengths`)."""
+    return max(
+        check_prompt_lengths(cfg, tokenizer, train_rows, "train", processor),
+        check_prompt_lengths(cfg, tokenizer, eval_rows, "eval", processor),
+    )
 
 
 def setup_run(
@@ -202,11 +189,14 @@ def setup_run(
         torch.set_num_threads(cfg.train.threads)
     train_rows, eval_rows = load_rows_for(cfg)
     memory_plan = None  # a model passed in is not planned: its config may not be cfg's
+    prompts_checked = model is None
     if model is None:
         path = resolve_model_path(cfg.model.name_or_path)
         problems = cfg.validate_against_model(model_context_length(path))
+        # the prompts are counted before any weights load: the plan sizes its rows by them
+        longest = _check_prompts(cfg, *load_policy_tokenizer(path), train_rows, eval_rows)
         mem_problems, memory_plan = memory_preflight(
-            cfg, world_size=info.world_size, echo=info.is_main
+            cfg, world_size=info.world_size, echo=info.is_main, prompt_tokens=longest
         )
         problems += mem_problems
         if problems:
@@ -235,8 +225,8 @@ def setup_run(
     if freeze and info.is_main:
         print(f"[rlvr] frozen {freeze}: {counts}", flush=True)
     autocast = resolve_autocast(cfg, device)
-    check_prompt_lengths(cfg, tokenizer, train_rows, "train", processor)
-    check_prompt_lengths(cfg, tokenizer, eval_rows, "eval", processor)
+    if not prompts_checked:  # a model passed in: its tokenizer counts the prompts
+        _check_prompts(cfg, tokenizer, processor, train_rows, eval_rows)
     if cfg.model.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
         (enable or model.gradient_checkpointing_enable)()

@@ -50,6 +50,7 @@ from rlvr.training.loop import (
 )
 from rlvr.training.memory import GIB, MemoryMeter, compare
 from rlvr.training.preempt import Preempted, StopSignals
+from rlvr.training.preflight.checks import correction_off_hint
 from rlvr.training.setup import Run, setup_run
 from rlvr.training.step import Step
 
@@ -355,14 +356,9 @@ class Trainer:
                     "mask": f"{bounds}, weighted by their ratio",
                     "reject": f"{bounds}, weighted 1",
                 }[rc.action]
-                off = (
-                    "algo.tis_cap=null"
-                    if cfg.algo.tis_cap is not None
-                    else "algo.rollout_correction.level=off"
-                )
                 print(
                     f"[rlvr] rollout correction: {rc.level} {rc.action}, {how} "
-                    f"({off} turns it off; docs/rollout.md)",
+                    f"({correction_off_hint(cfg)}; docs/rollout.md)",
                     flush=True,
                 )
         return {

@@ -262,3 +262,93 @@ def test_preflight_without_a_readable_model_skips_the_plan(tmp_path, capsys):
 
     assert main(["preflight", f"model.name_or_path={tmp_path}/none", "model.device=cpu"]) == 0
     assert "memory plan: skipped" in capsys.readouterr().out
+
+
+def test_bf16_weights_add_the_chunked_backwards_float32_head_gradient():
+    """model/head_logprobs.py sums the head's weight gradient over chunks in a float32
+    [vocab, hidden] buffer: a tensor of its own with bf16 weights (with float32 weights it is
+    the gradient itself; a LoRA policy's head is frozen; the full logits take no such sum)."""
+    bf16 = dataclasses.replace(SPEC, weight_bytes=2, precision="bf16", logprob_chunk_tokens=4)
+    assert build_plan(bf16).update[mp.HEAD_GRAD_TERM] == 32 * 8 * 4 == 1024
+    for other in (
+        dataclasses.replace(bf16, weight_bytes=4, precision="autocast"),
+        dataclasses.replace(bf16, lora_rank=2, lora_targets=ATTN),
+        dataclasses.replace(bf16, logprob_chunk_tokens=0),
+    ):
+        assert mp.HEAD_GRAD_TERM not in build_plan(other).update
+    # Qwen2.5-7B: an untied 152,064 x 3,584 head, 4 bytes each: 2.18 GB
+    qwen7b = ModelShape(
+        layers=28,
+        hidden=3584,
+        intermediate=18944,
+        heads=28,
+        kv_heads=4,
+        head_dim=128,
+        vocab=152064,
+        tied=False,
+    )
+    big = dataclasses.replace(bf16, shape=qwen7b, logprob_chunk_tokens=1024)
+    assert build_plan(big).update[mp.HEAD_GRAD_TERM] == 152064 * 3584 * 4 == 2_179_989_504
+
+
+def test_the_rollout_server_is_not_in_the_trainers_plan(monkeypatch):
+    """rollout.mode=server: vLLM runs in its own process. The plan read the installed engine
+    (vLLM: 0.3 x 80 GiB = 24 GiB in the trainer; hf without vLLM: a transformers cache that
+    does not exist); the one resolved engine kind says server, for the plan, the builder and
+    the engine defaults alike."""
+    import rlvr.rollout.builder as builder
+    from rlvr.config import load_config
+    from rlvr.training.preflight.checks import off_policy_reason
+
+    gib80 = 80 * 2**30
+    for installed in (True, False):
+        monkeypatch.setattr(builder, "vllm_available", lambda installed=installed: installed)
+        cfg = load_config(None, ["rollout.mode=server", "model.autocast=off"])
+        assert builder.engine_kind(cfg) == "server"
+        assert off_policy_reason(cfg) == "vLLM rollouts: its kernels differ from the trainer's"
+        s = mp.spec_for(cfg, _tiny_model_config(), world_size=1, device="cuda", device_total=gib80)
+        plan = build_plan(s)
+        assert s.engine == "server" and s.engine_total_bytes == 0 and s.kv_cache_bytes == 0
+        assert not any("vLLM" in k or "generation" in k for k in (*plan.resident, *plan.rollout))
+        text = check.format_plan(plan)
+        assert "(not counted) rollout engine: the vLLM server's own process" in text
+    # in process, the same GPU config does hold the engine: 0.3 x 80 GiB
+    monkeypatch.setattr(builder, "vllm_available", lambda: True)
+    cfg = load_config(None, ["model.autocast=off"])
+    s = mp.spec_for(cfg, _tiny_model_config(), world_size=1, device="cuda", device_total=gib80)
+    assert build_plan(s).resident["vLLM engine (weights + KV cache)"] == int(0.3 * gib80)
+    assert mp.spec_for(
+        cfg, _tiny_model_config(), world_size=2, device="cuda", device_total=gib80
+    ).engine == ("vllm_colocated")
+
+
+def test_episodes_are_planned_at_the_episodes_tokens_and_rows_at_the_longest_prompt():
+    """Episodes: rows of up to rollout.max_episode_tokens after the prompt, not one reply's
+    rollout.max_new_tokens. And where the data's longest prompt is known (3 tokens here, under
+    data.max_prompt_tokens=4) rows and the hf engine's cache are sized by it."""
+    from rlvr.config import load_config
+
+    base = [
+        "data.max_prompt_tokens=4",
+        "rollout.max_new_tokens=2",
+        "rollout.engine=hf",
+        "rollout.batch_size=5",
+        "model.autocast=off",
+        "eval.max_new_tokens=2",
+    ]
+    ep = load_config(None, [*base, "env.name=calculator", "rollout.max_episode_tokens=6"])
+    s = mp.spec_for(ep, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9)
+    assert (s.prompt_tokens, s.completion_tokens) == (4, 6)
+    # the cache holds a late turn's prompt (4 + 6) and its reply (2): 5 rows x 12 x 64 bytes
+    assert s.kv_cache_bytes == 5 * 12 * 64
+    # activations of 8 rows x (4 + 6) positions (per token and layer as in
+    # test_activations_by_precision, with 2 heads x 10 positions of scores)
+    assert mp.activation_bytes(s) == 8 * 10 * 2 * (40 * 8 + 16 * 16 + 4 * 2 * 10)
+    cfg = load_config(None, base)
+    known = mp.spec_for(
+        cfg, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9, prompt_tokens=3
+    )
+    assert (known.prompt_tokens, known.completion_tokens) == (3, 2)
+    assert known.kv_cache_bytes == 5 * (3 + 2) * 64
+    unknown = mp.spec_for(cfg, _tiny_model_config(), world_size=1, device="cpu", device_total=10**9)
+    assert unknown.kv_cache_bytes == 5 * (4 + 2) * 64

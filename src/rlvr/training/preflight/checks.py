@@ -17,7 +17,7 @@ from rlvr.envs.registry import env_class
 from rlvr.objectives import OBJECTIVES
 from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.agents import agent_problems, is_agent_env
-from rlvr.rollout.builder import engine_for
+from rlvr.rollout.builder import VLLM_KINDS, engine_kind
 from rlvr.sandbox import sandbox_problem
 
 
@@ -36,13 +36,23 @@ def apply_objective_defaults(cfg: Config) -> dict[str, float]:
     return applied
 
 
+def off_policy_reason(cfg: Config) -> str | None:
+    """Why this run's rollouts are not the trainer's own samples (None: they are): batches
+    generated ahead (``rollout.max_staleness``), or vLLM rollouts (`engine_kind`; at config
+    time a text model is assumed), whose kernels and bf16 engine differ from the trainer's."""
+    k = cfg.rollout.max_staleness
+    if k:
+        return f"rollout.max_staleness={k}: batches sampled by weights up to {k} versions old"
+    if engine_kind(cfg, world_size=1) in VLLM_KINDS:
+        return "vLLM rollouts: its kernels differ from the trainer's"
+    return None
+
+
 def apply_engine_defaults(cfg: Config) -> dict[str, str]:
-    """Set, in place, what the rollout engine brings where the config sets none: with vLLM
-    rollouts (`rollout.mode=server`, whose worker is vLLM whatever the trainer's venv holds, or
-    `engine_for`; at config time a text model is assumed), the rollout correction
-    ``VLLM_ROLLOUT_CORRECTION`` when ``algo.rollout_correction.level`` and ``algo.tis_cap`` are
-    unset and the objective takes one. vLLM's kernels and bf16 engine differ from the trainer's,
-    so its samples are slightly off-policy; the hf engine's log-probs are the trainer's own.
+    """Set, in place, the rollout correction ``VLLM_ROLLOUT_CORRECTION`` where the rollouts are
+    off-policy (`off_policy_reason`: vLLM's samples, or batches generated ahead), the config
+    sets neither ``algo.rollout_correction.level`` nor ``algo.tis_cap``, and the objective takes
+    a correction. The hf engine's log-probs on-policy are the trainer's own: nothing to correct.
     Returns what was set, by dotted key."""
     a, rc = cfg.algo, cfg.algo.rollout_correction
     objective = OBJECTIVES.get(a.objective)
@@ -50,8 +60,8 @@ def apply_engine_defaults(cfg: Config) -> dict[str, str]:
         "level" in rc.model_fields_set
         or a.tis_cap is not None
         or objective is None
-        or not objective.supports_tis
-        or (cfg.rollout.mode != "server" and engine_for(cfg) != "vllm")
+        or not objective.takes_correction(cfg)
+        or off_policy_reason(cfg) is None
     ):
         return {}
     applied = {}
@@ -60,6 +70,40 @@ def apply_engine_defaults(cfg: Config) -> dict[str, str]:
             setattr(rc, key, value)  # marks it set: applying twice changes nothing
             applied[f"algo.rollout_correction.{key}"] = value
     return applied
+
+
+def correction_off_hint(cfg: Config) -> str:
+    """How the run's first lines say the correction in force can be turned off (or why not)."""
+    if k := cfg.rollout.max_staleness:
+        return f"rollout.max_staleness={k} needs it; rollout.max_staleness=0 to train on-policy"
+    knob = (
+        "algo.tis_cap=null" if cfg.algo.tis_cap is not None else "algo.rollout_correction.level=off"
+    )
+    return f"{knob} turns it off"
+
+
+def _staleness_problems(cfg: Config, objective) -> list[str]:
+    """rollout.max_staleness > 0 trains a batch sampled by older weights: without a behaviour
+    correction its ratio is exactly 1 (no old-log-prob pass), a gradient biased by the lag."""
+    k, a = cfg.rollout.max_staleness, cfg.algo
+    if not k or objective is None:
+        return []
+    knobs = "algo.rollout_correction.level / algo.tis_cap"
+    if not objective.takes_correction(cfg):
+        return [
+            f"rollout.max_staleness={k} with algo.objective={a.objective}: a batch sampled up to "
+            f"{k} versions before its update needs a behaviour correction ({knobs}), which "
+            f"{a.objective} cannot take (no per-token policy-gradient term); set "
+            "rollout.max_staleness=0"
+        ]
+    if a.correction() is None:
+        return [
+            f"rollout.max_staleness={k} with algo.rollout_correction.level=off and no "
+            f"algo.tis_cap: a batch sampled up to {k} versions before its update would train "
+            f"with ratio 1 (a biased gradient); leave {knobs} unset (token truncation at cap 2 "
+            "by default), set one, or set rollout.max_staleness=0"
+        ]
+    return []
 
 
 def config_problems(cfg: Config) -> list[str]:
@@ -81,16 +125,17 @@ def config_problems(cfg: Config) -> list[str]:
         out.append(f"algo.loss_agg={a.loss_agg!r} is unknown; known: auto, {', '.join(AGG_MODES)}")
     if objective is not None:
         out.extend(objective.check(cfg))
-        if a.correction() is not None and not objective.supports_tis:
+        if a.correction() is not None and not objective.takes_correction(cfg):
             knob = "algo.tis_cap" if a.tis_cap is not None else "algo.rollout_correction"
             off = "null" if a.tis_cap is not None else "at level=off"
             out.append(
                 f"{knob} is not supported by algo.objective={a.objective} (it has no "
                 f"per-token policy-gradient term to weight); leave {knob} {off}"
             )
+    out.extend(_staleness_problems(cfg, objective))
     out.extend(_env_problems(cfg, objective))
     r = cfg.rollout
-    if r.sync_every > 1 and (r.mode == "server" or engine_for(cfg) == "vllm"):
+    if r.sync_every > 1 and engine_kind(cfg, world_size=1) in VLLM_KINDS:
         out.append(
             f"rollout.sync_every={r.sync_every} with the vLLM engine (rollout.engine / "
             "rollout.mode=server): the engine would sample from weights up to "
@@ -134,13 +179,13 @@ def _sandbox_problems(cfg: Config) -> list[str]:
 
 def _env_problems(cfg: Config, objective) -> list[str]:
     """env.name: the class must import, and the objective must take episodes."""
-    if not cfg.env.name:
+    if not cfg.episodes:
         return []
     out = []
-    if objective is not None and not objective.supports_episodes:
+    if objective is not None and not objective.takes_episodes(cfg):
         out.append(
             f"algo.objective={cfg.algo.objective} with env.name: not supported yet (its step "
-            "scores read one reply's text, an episode has several turns)"
+            "scores read one reply's text, an episode has several turns and tool output)"
         )
     if is_agent_env(cfg.env.name):
         out.extend(agent_problems(cfg))
@@ -180,14 +225,14 @@ def distributed_problems(cfg: Config, info: DistInfo) -> list[str]:
     elif (cfg.algo.prompts_per_step // info.world_size) % cfg.algo.minibatches:
         out.append(f"algo.minibatches={cfg.algo.minibatches} must divide the prompts per rank")
     tp = cfg.rollout.tensor_parallel_size
-    if engine_for(cfg) == "vllm" and info.world_size % tp:
+    if engine_kind(cfg, world_size=info.world_size) == "vllm_colocated" and info.world_size % tp:
         out.append(
             f"rollout.tensor_parallel_size={tp} must divide the number of processes "
             f"({info.world_size}): each group of that many ranks shares one vLLM engine"
         )
     if cfg.rollout.mode == "server":
         out.append("rollout.mode=server runs with one trainer process for now")
-    if cfg.env.name and cfg.train.parallel == "fsdp2":
+    if cfg.episodes and cfg.train.parallel == "fsdp2":
         out.append(
             "env.name with train.parallel=fsdp2 under several processes: not supported yet "
             "(FSDP2 ranks decode in lockstep, and episodes end after different turns on each "

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
-from rlvr.data.multimodal import has_images, prompt_token_counts, render_inputs
+from rlvr.data.multimodal import has_images, render_inputs
 from rlvr.data.records import DataError
 from rlvr.data.rows import load_rows_for, reward_specs
 from rlvr.data.templates import render_prompt, render_rows
@@ -27,7 +27,10 @@ from rlvr.model.loading import (
 from rlvr.model.vlm import is_vlm, load_processor
 from rlvr.rewards.registry import is_user_target
 from rlvr.rewards.runner import RewardRunner
+from rlvr.rollout.agents import is_agent_env
+from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.preflight.checks import config_problems
+from rlvr.training.preflight.prompts import prompt_lengths, too_long
 from rlvr.training.schedule import format_preflight, run_preflight
 
 
@@ -77,6 +80,17 @@ def _load_tokenizer(cfg: Config, unchecked: list[str]):
             f"({first}); prompt token counts not checked"
         )
         return None, None
+
+
+def _example(cfg: Config, tokenizer, row: dict, processor) -> str:
+    """The text the run sends for ``row``: its episodes' first prompt (env.reset), else the
+    rendered prompt."""
+    if cfg.episodes and not is_agent_env(cfg.env.name):
+        runner = EpisodeRunner.from_config(cfg, tokenizer, warn=False)
+        [text] = runner.first_prompts([row])
+        return text if text is not None else runner.renderer.prompt_text(str(row["prompt"]))
+    d = cfg.data
+    return render_inputs([row], d.template, tokenizer, d.system_prompt, processor)[0][0]
 
 
 PLACEHOLDER_REPLY = "The answer is 42."
@@ -137,23 +151,19 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
         else:
             sample = train[:max_token_rows]
             processor = _processor(path, sample)
-            try:  # image rows: their image tokens count too
-                texts, _, _ = render_inputs(
-                    sample[:1], d.template, tokenizer, d.system_prompt, processor
-                )
-                lengths = prompt_token_counts(
-                    sample, d.template, tokenizer, d.system_prompt, processor
-                )
+            try:  # image rows: their image tokens count too; episodes: env.reset's prompt
+                lengths = prompt_lengths(cfg, tokenizer, sample, processor)
+                example = _example(cfg, tokenizer, sample[0], processor)
             except ValueError as exc:  # image rows for a text model, or without the chat template
                 problems.append(f"data.task={d.task}: {exc}")
                 texts, ids = render_rows(sample, d.template, tokenizer, d.system_prompt)
-                lengths = [len(x) for x in ids]
-            example, example_tokens = texts[0], lengths[0]
+                example, lengths = texts[0], [len(x) for x in ids]
+            example_tokens = lengths[0]
             longest = max(lengths)
-            if longest > d.max_prompt_tokens:
+            if (row := too_long(cfg, sample, lengths, "train")) is not None:
                 problems.append(
                     f"data.max_prompt_tokens={d.max_prompt_tokens}: the longest of the first "
-                    f"{len(sample)} train prompts has {longest} tokens"
+                    f"{len(sample)} train prompts has {longest} tokens (the first over it: {row})"
                 )
             if len(train) > len(sample):
                 unchecked.append(

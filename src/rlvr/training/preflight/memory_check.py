@@ -38,6 +38,9 @@ def format_plan(plan: MemoryPlan, available: int | None = None, where: str = "")
     if s.logprob_chunk_tokens:  # what the chunks save: the full logits' term, not counted
         label = "(not counted) full logits, logprob_chunk_tokens=0"
         lines.append(f"  {'':8s} {label:52s} {_gib(full_logits_bytes(s))}")
+    if s.engine == "server":
+        label = "(not counted) rollout engine: the vLLM server's own process"
+        lines.append(f"  {'':8s} {label}")
     how = "update + rollout: the CPU allocator keeps both" if s.phases_add else "larger phase"
     lines.append(f"  peak ({how}): {_gib(plan.peak).strip()}")
     if available is not None:
@@ -61,9 +64,9 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
         targets = ("q_proj", "k_proj", "v_proj", "o_proj")
         lora = rep(s, lora_rank=16, lora_targets=targets, reference=False)
         groups.append([("model.lora.enabled=true", lora)])
-    if s.engine == "vllm" and s.engine_total_bytes and not s.engine_sleeps:
+    if s.vllm_here and s.engine_total_bytes and not s.engine_sleeps:
         groups.append([("rollout.sleep_during_update=true", rep(s, engine_sleeps=True))])
-    if s.engine == "vllm":
+    if s.vllm_here:
         half = rep(
             s, kv_cache_bytes=s.kv_cache_bytes // 2, engine_total_bytes=s.engine_total_bytes // 2
         )
@@ -82,11 +85,13 @@ def fixes(s: PlanSpec, available: int) -> list[str]:
 
 
 def memory_preflight(
-    cfg, *, world_size: int = 1, echo: bool = True
+    cfg, *, world_size: int = 1, echo: bool = True, prompt_tokens: int | None = None
 ) -> tuple[list[str], MemoryPlan | None]:
     """Print the plan (with ``echo``); return the problems that refuse the run (a GPU plan that
-    cannot fit) and the plan (None when the model's shape cannot be read). On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``, else
-    ``world_size``) share its available RAM (psutil); a plan over it is a warning only."""
+    cannot fit) and the plan (None when the model's shape cannot be read). ``prompt_tokens``:
+    the data's longest prompt as the run sends it, where it was counted (else the plan takes
+    data.max_prompt_tokens). On the CPU the processes of this machine (``LOCAL_WORLD_SIZE``,
+    else ``world_size``) share its available RAM (psutil); a plan over it is a warning only."""
     import os
 
     import psutil
@@ -119,7 +124,14 @@ def memory_preflight(
         total, available = int(vm.total), int(vm.available) // per
         where = " (psutil available RAM" + (f" / {per} processes)" if per > 1 else ")")
     try:
-        spec = spec_for(cfg, model_config, world_size=world_size, device=device, device_total=total)
+        spec = spec_for(
+            cfg,
+            model_config,
+            world_size=world_size,
+            device=device,
+            device_total=total,
+            prompt_tokens=prompt_tokens,
+        )
     except ValueError as exc:  # vLLM's KV budget below one sequence
         return [f"memory plan: {exc}"], None
     plan = build_plan(spec)

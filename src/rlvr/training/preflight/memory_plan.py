@@ -16,7 +16,7 @@ from rlvr.model.shape import ModelShape, shape_from_config
 from rlvr.model.vlm import is_vlm_config
 from rlvr.objectives import build_objective
 from rlvr.rollout import vllm_setup as vs
-from rlvr.rollout.builder import engine_for
+from rlvr.rollout.builder import engine_kind
 
 GIB = 2**30
 # Resident memory of the Python process itself (python, torch, transformers, the tokenizer,
@@ -39,6 +39,7 @@ ACT_COEF: dict[tuple[str, bool], tuple[int, int, int]] = {
 # their temperature-scaled copy, the softmax and its padded blocks for sampling).
 DECODE_LOGIT_COPIES = 4
 OPTIMIZER_TERM = "optimizer state (AdamW, 2 moments)"
+HEAD_GRAD_TERM = "head gradient, float32 sum over chunks (bf16 weights)"
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,10 @@ class PlanSpec:
     lean_backward: bool = False  # model.lean_backward: linears keep float32 weights, no bf16 copy
     logprob_chunk_tokens: int = 0  # algo.logprob_chunk_tokens; 0: the full logits at once
     reference: bool = False  # a separate reference model (algo.beta > 0 without LoRA)
-    engine: str = "hf"  # "hf" (the transformers engine) | "vllm"
+    # rollout.builder.ENGINE_KINDS: "hf" (the transformers engine over the trainer's module),
+    # "vllm" / "vllm_colocated" (an engine in this process), "server" (its own process: nothing
+    # here)
+    engine: str = "hf"
     engine_weight_bytes: int = 4
     kv_cache_bytes: int = 0  # vLLM: its KV budget; hf: the decoding cache
     gen_logits_bytes: int = 0  # hf: the [rows, V] fp32 logits decoding holds at once
@@ -70,6 +74,19 @@ class PlanSpec:
     # The CPU allocator (glibc) keeps what generation freed and, measured, the update reuses
     # little of it: on the CPU the two phases add up; on a GPU the peak is the larger phase.
     phases_add: bool = False
+
+    @property
+    def vllm_here(self) -> bool:
+        """vLLM's weights and KV cache live in this process (not the server's)."""
+        return self.engine in ("vllm", "vllm_colocated")
+
+    @property
+    def head_grad_accumulator(self) -> bool:
+        """The chunked backward sums the head's weight gradient in a float32 ``[vocab, hidden]``
+        buffer (model/head_logprobs.py), a tensor of its own beside the gradient when the
+        weights are bf16 (with float32 weights it is the gradient); a LoRA policy's head is
+        frozen."""
+        return bool(self.logprob_chunk_tokens) and self.weight_bytes == 2 and not self.lora_rank
 
     @property
     def shards(self) -> int:
@@ -192,7 +209,7 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
     if s.reference:
         resident["reference model (not sharded)"] = sh.params * wb
     engine = {}
-    if s.engine == "vllm":
+    if s.vllm_here:
         if s.engine_total_bytes:
             engine["vLLM engine (weights + KV cache)"] = s.engine_total_bytes
         else:
@@ -208,6 +225,8 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
         update["bf16 weight copies (autocast, kept for the backward)"] = sh.params * 2
     update["activations"] = activation_bytes(s)
     update[logits_term(s)] = logits_bytes(s)
+    if s.head_grad_accumulator:
+        update[HEAD_GRAD_TERM] = sh.vocab * sh.hidden * 4
     rollout = {}
     if s.engine == "hf":
         rollout["generation KV cache (transformers)"] = s.kv_cache_bytes
@@ -220,9 +239,23 @@ def build_plan(s: PlanSpec) -> MemoryPlan:
 
 
 # ----------------------------------------------------------------------------- from a run config
-def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: int) -> PlanSpec:
+def spec_for(
+    cfg,
+    model_config,
+    *,
+    world_size: int,
+    device: str,
+    device_total: int,
+    prompt_tokens: int | None = None,
+) -> PlanSpec:
     """The `PlanSpec` of a run config on ``device`` ("cpu" or "cuda"), ``device_total`` bytes
-    being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it."""
+    being the device's memory (RAM on the CPU): vLLM's budget is a fraction of it.
+
+    Rows are sized at ``prompt_tokens`` (the data's longest prompt as the run sends it, where it
+    was counted; else ``data.max_prompt_tokens``) plus the most tokens after it: a reply, or with
+    episodes the whole episode (``Config.completion_tokens``). The engine is `engine_kind`'s:
+    a vLLM engine reserves by its own context (``max_model_len_for``), the hf engine's cache
+    grows with the real rows; the server's engine is another process's memory."""
     import torch
 
     m, a, r = cfg.model, cfg.algo, cfg.rollout
@@ -230,18 +263,20 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
     wb = 2 if m.dtype == "bfloat16" else 4
     autocast = resolve_autocast(cfg, torch.device(device))
     precision = "bf16" if wb == 2 else ("autocast" if autocast else "fp32")
-    prompt, completion = cfg.data.max_prompt_tokens, r.max_new_tokens
+    prompt = cfg.data.max_prompt_tokens if prompt_tokens is None else prompt_tokens
+    completion = cfg.completion_tokens()
     rows = a.micro_batch_size
     if a.micro_batch_tokens:
         rows = max(1, min(rows, a.micro_batch_tokens // (prompt + completion)))
-    engine = engine_for(cfg)  # as training picks it: vLLM (one engine per rank) when installed
-    max_len = vs.max_model_len_for(cfg)
+    engine = engine_kind(cfg, world_size=world_size)  # as training picks it
     edtype = vs.engine_dtype(cfg, device)
     kv, total, gen_logits = 0, 0, 0
     if engine == "hf":
         per_token = vs.kv_bytes_per_token(
             model_config, torch.float32 if wb == 4 else torch.bfloat16
         )
+        # the engine's context with the data's prompts in place of data.max_prompt_tokens
+        max_len = vs.max_model_len_for(cfg) - cfg.data.max_prompt_tokens + prompt
         kv = r.batch_size * max_len * per_token
         # text: rollout/decode.py holds one step's [rows, V] logits (a few float32 copies);
         # image prompts, and text with rollout.hf_decoder=generate, go through
@@ -249,16 +284,16 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         keeps_all = is_vlm_config(model_config) or r.hf_decoder == "generate"
         steps = max_len - prompt if keeps_all else DECODE_LOGIT_COPIES
         gen_logits = r.batch_size * steps * shape.vocab * 4
-    elif device == "cpu":
+    elif engine != "server" and device == "cpu":
         kv = vs.cpu_kv_cache_bytes(
             model_config,
             edtype,
-            max_model_len=max_len,
+            max_model_len=vs.max_model_len_for(cfg),
             max_num_seqs=vs.max_num_seqs_for(cfg),
             memory_fraction=r.gpu_memory_utilization,
             total_memory=device_total,
         )
-    else:
+    elif engine != "server":
         total = int(r.gpu_memory_utilization * device_total)
     lora, targets = m.lora, m.lora.target_modules
     return PlanSpec(
@@ -272,7 +307,7 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         parallel=cfg.train.parallel,
         lora_rank=lora.rank if lora.enabled else 0,
         lora_targets=targets if isinstance(targets, str) else tuple(targets),
-        eager_attention=choose_attention(m.attention, device, completion) == "eager",
+        eager_attention=choose_attention(m.attention, device, r.max_new_tokens) == "eager",
         gradient_checkpointing=m.gradient_checkpointing,
         lean_backward=m.lean_backward,
         logprob_chunk_tokens=a.logprob_chunk_tokens or 0,
@@ -282,7 +317,9 @@ def spec_for(cfg, model_config, *, world_size: int, device: str, device_total: i
         kv_cache_bytes=kv,
         gen_logits_bytes=gen_logits,
         engine_total_bytes=total,
-        engine_sleeps=engine == "vllm" and device != "cpu" and r.sleep_during_update,
+        engine_sleeps=engine in ("vllm", "vllm_colocated")
+        and device != "cpu"
+        and r.sleep_during_update,
         baseline_bytes=CPU_BASELINE_BYTES if device == "cpu" else 0,
         phases_add=device == "cpu",
     )
