@@ -135,3 +135,30 @@ def test_bad_arguments_are_named():
         _weights(level="token", action="clip", cap=2.0)
     with pytest.raises(ValueError, match=r"must contain 1"):
         _weights(level="token", action="mask", cap=0.5)
+
+
+def test_low_zero_is_trls_one_sided_mask():
+    # TRL's token_mask / sequence_mask with vllm_importance_sampling_clip_min unset (its
+    # default) masks only ratios above C_max: 1/6 and 0.5 keep their ratio; 3 > 2 is masked
+    w, _, ms = _weights(level="token", action="mask", cap=2.0, low=0.0)
+    assert _close(w, [[1.0, 0.0], [0.5, 0.0], [1.5, 1 / 6]])
+    assert ms == [[False, True], [False, False], [False, False]]
+    # sequence level: row 0's product 3 is masked, row 2's 0.25 is kept with its weight
+    w, _, _ = _weights(level="sequence", action="mask", cap=2.0, low=0.0)
+    assert _close(w, [[0.0, 0.0], [0.5, 0.0], [0.25, 0.25]])
+
+
+def test_the_config_takes_low_zero_for_the_one_sided_mask():
+    from rlvr.config import load_config
+    from rlvr.config.validate import problems
+
+    cfg = load_config(
+        None,
+        [
+            "algo.rollout_correction.level=token",
+            "algo.rollout_correction.action=mask",
+            "algo.rollout_correction.low=0",
+        ],
+    )
+    assert cfg.algo.rollout_correction.bounds() == (0.0, 2.0)
+    assert not [p for p in problems(cfg) if "rollout_correction" in p]

@@ -37,6 +37,14 @@ EQUIVALENTS = [
     ("rollout_batch_size=128", "algo.prompts_per_step"),
     ("micro_train_batch_size=4", "algo.micro_batch_size"),
     ("train.warmup_ratio=0.1", "train.warmup_steps"),
+    # the rollout correction: TRL's vllm_importance_sampling_*, verl's rollout_is / rollout_rs
+    ("vllm_importance_sampling_mode=token_mask", "algo.rollout_correction.level"),
+    ("vllm_importance_sampling_clip_max=3", "algo.rollout_correction.cap"),
+    ("vllm_importance_sampling_clip_min=0.5", "algo.rollout_correction.low"),
+    ("algorithm.rollout_correction.rollout_is=token", "algo.rollout_correction.level"),
+    ("rollout_is_threshold=2", "algo.rollout_correction.cap"),
+    ("rollout_rs=token", "algo.rollout_correction.action"),
+    ("rollout_rs_threshold_lower=0.5", "algo.rollout_correction.low"),
 ]
 
 

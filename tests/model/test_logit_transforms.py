@@ -14,6 +14,7 @@ import torch
 import transformers as tf
 from tests.model.test_chunked_policy import assert_equal, run_both
 from tests.model.test_shared_prompt import rows_of_two_prompts
+from transformers.modeling_utils import slice_logits_to_keep
 
 from rlvr.model.forward import build_sequence_batch, policy_outputs, sequence_logprobs
 from rlvr.model.logit_transform import LogitTransform, logit_transform
@@ -201,4 +202,54 @@ def test_softcapping_under_autocast_and_under_lora():
 
     chunked, full = run_both(lora, sb)
     assert all("lora_" in n for n in full[2])
+    assert_equal(chunked, full)
+
+
+class _ReturnScaledLlama(tf.LlamaForCausalLM):
+    """A forward whose post-processing rlvr's reader cannot see as a write of ``logits``: the
+    head's output is halved in the output's own ``logits=`` (style 'return'), or in place
+    through a call whose result is bound to another name (style 'inplace')."""
+
+    style = "return"
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            **{k: v for k, v in kwargs.items() if k in ("use_cache", "output_hidden_states")},
+        )
+        hidden_states = outputs.last_hidden_state
+        hidden_states = slice_logits_to_keep(hidden_states, kwargs.get("logits_to_keep", 0))
+        logits = self.lm_head(hidden_states)
+        if self.style == "return":
+            return tf.modeling_outputs.CausalLMOutputWithPast(
+                logits=logits * 0.5, hidden_states=outputs.hidden_states
+            )
+        _ = logits.mul_(0.5)
+        return tf.modeling_outputs.CausalLMOutputWithPast(
+            logits=logits, hidden_states=outputs.hidden_states
+        )
+
+
+@pytest.mark.parametrize("style", ["return", "inplace"])
+def test_a_transform_outside_a_logits_assignment_takes_the_full_path(style, caplog):
+    """The head's output halved in the returned ``logits=`` or by an in-place call bound to
+    another name: the reader saw neither (only statements that assign ``logits``), so the
+    chunks skipped the halving (log-probs off by 15.5 nats on this tiny model); such a forward
+    must take the full path."""
+    tok = build_char_tokenizer()
+    prompts, comps = rows_of_two_prompts(tok)
+    sb = build_sequence_batch(prompts, comps, tok.pad_token_id)
+
+    def make():
+        torch.manual_seed(0)
+        cls = type(f"_Halving{style}", (_ReturnScaledLlama,), {"style": style})
+        model = cls(tf.LlamaConfig(vocab_size=len(tok), **SMALL)).train()
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, 1.0)
+        return model
+
+    with caplog.at_level(logging.WARNING, logger="rlvr.model.logit_transform"):
+        chunked, full = run_both(make, sb, chunks=False)
     assert_equal(chunked, full)

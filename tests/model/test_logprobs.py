@@ -206,3 +206,86 @@ def test_a_model_that_caps_attention_scores_trains_with_eager_arithmetic():
     model = tf.Gemma2ForCausalLM(cfg)
     use_training_attention(model, load_config(None, ["model.attention=sdpa"]), "cpu")
     assert model.config._attn_implementation == GROUPED_EAGER
+
+
+def _tiny_with_sinks(family: str, vocab: int):
+    """Tiny random models whose own eager attention computes more than eager's product, mask
+    and softmax: GPT-OSS (a learned sink logit per head in the softmax), Granite-SWA (the output
+    scaled by sigmoid(logsumexp - sink)), Flint (sinks, and the scores in float32)."""
+    import transformers as tf
+
+    small = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    if family == "gpt_oss":
+        cfg = tf.GptOssConfig(head_dim=8, num_local_experts=4, num_experts_per_tok=2, **small)
+        model = tf.GptOssForCausalLM(cfg)
+    elif family == "granite_swa":
+        model = tf.GraniteSWAForCausalLM(tf.GraniteSWAConfig(sliding_window=4, **small))
+    else:
+        cfg = tf.FlintConfig(
+            head_dim=8,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+            **small,
+        )
+        model = tf.FlintForCausalLM(cfg)
+    with torch.no_grad():  # sinks far from their initial value, so that they bite
+        for name, p in model.named_parameters():
+            if "sinks" in name:
+                p.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(3))
+    return model.float()
+
+
+@pytest.mark.parametrize("family", ["gpt_oss", "granite_swa", "flint"])
+@pytest.mark.parametrize("share", [False, True])
+def test_grouped_eager_computes_what_the_models_own_eager_does(family, share):
+    """A model whose eager attention has attention sinks (GPT-OSS, Granite-SWA, Flint; also
+    DeepSeek-V4, MiMo-V2-Flash, Inkling-2): the grouped kernel must not drop them. It dropped
+    them: log-probs off by 0.021 (GPT-OSS), 0.048 (Granite-SWA), 0.018 nats (Flint) on these
+    tiny models, in the padded pass and in the shared-prompt packed pass alike, and the sinks
+    got no gradient."""
+    from rlvr.model.attention import GROUPED_EAGER
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = _tiny_with_sinks(family, len(tok))
+    prompts, comps = (
+        [[5, 6, 7, 8, 9, 10], [5, 6, 7, 8, 9, 10], [11]],
+        [[1, 2, 3, 12], [4], [13, 14]],
+    )
+    out = {}
+    for impl in ("eager", GROUPED_EAGER):
+        model.set_attn_implementation(impl)
+        sb = build_sequence_batch(prompts, comps, pad_id=tok.pad_token_id, share_prompt=share)
+        model.zero_grad()
+        lp, _ = sequence_logprobs(model, sb)
+        (lp * sb.completion_mask).sum().backward()
+        sinks = next(p for n, p in model.named_parameters() if "sinks" in n)
+        # None where the kernel leaves the sinks out of its arithmetic
+        grad = torch.zeros_like(sinks) if sinks.grad is None else sinks.grad.clone()
+        out[impl] = (lp.detach() * sb.completion_mask, grad)
+    torch.testing.assert_close(out["eager"][0], out[GROUPED_EAGER][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out["eager"][1], out[GROUPED_EAGER][1], rtol=1e-4, atol=1e-6)
+    assert out["eager"][1].abs().max() > 1e-4  # the sinks are in the arithmetic
+
+
+def test_a_model_without_sdpa_trains_with_eager_arithmetic():
+    """GPT-OSS declares no SDPA support (its sinks): 'auto' off the CPU or an explicit sdpa
+    failed at set_attn_implementation with transformers' error; it trains with eager's
+    arithmetic instead, as Gemma-2 does."""
+    from rlvr.config import load_config
+    from rlvr.model.attention import GROUPED_EAGER, use_training_attention
+
+    model = _tiny_with_sinks("gpt_oss", 64)
+    for device, attention in (("cpu", "sdpa"), ("cuda", "auto")):
+        use_training_attention(model, load_config(None, [f"model.attention={attention}"]), device)
+        assert model.config._attn_implementation == GROUPED_EAGER

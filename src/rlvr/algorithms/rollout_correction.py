@@ -15,8 +15,8 @@ off-policy. The ratio ``exp(trainer log-prob - engine log-prob)`` corrects for i
 
 then truncated (``action=truncate``: weight ``min(ratio, cap)``, truncated importance
 sampling), masked (``action=mask``: the ratio where it lies in ``[low, cap]``, 0 outside:
-TRL's ``token_mask`` / ``sequence_mask`` and verl's IS weights times its rejection mask,
-IcePop's two-sided mask) or rejected (``action=reject``: 1 inside, 0 outside: a rejection
+verl's IS weights times its rejection mask, IcePop's two-sided mask, TRL's ``token_mask`` /
+``sequence_mask``, one-sided there by default: ``low=0``) or rejected (``action=reject``: 1 inside, 0 outside: a rejection
 without importance weighting, verl's ``rollout_rs`` alone). The weights are constants that
 multiply each token's policy-gradient term; a token with weight 0 stays in the token-mean
 denominator (verl drops rejected tokens from its ``response_mask`` instead).
@@ -55,7 +55,8 @@ def rollout_correction_weights(
     stands on each of its valid tokens. ``action``: truncate (``min(ratio, cap)``; truncated
     where ratio > cap), mask (the ratio where ``low <= ratio <= cap``, else 0 and masked) or
     reject (1 where ``low <= ratio <= cap``, else 0 and masked); ``low`` defaults to
-    ``1 / cap``. Positions outside ``mask`` get weight 0 and no flag; their log-probs may be NaN.
+    ``1 / cap`` (verl's two-sided default); ``low=0`` masks above ``cap`` only (TRL's mask with
+    its ``vllm_importance_sampling_clip_min`` unset). Positions outside ``mask`` get weight 0 and no flag; their log-probs may be NaN.
     """
     require_ndim("trainer_logp", trainer_logp, 2)
     require_same_shape(trainer_logp=trainer_logp, engine_logp=engine_logp, mask=mask)
@@ -80,7 +81,7 @@ def rollout_correction_weights(
         masked = torch.zeros_like(m)
     else:
         lo = 1.0 / cap if low is None else low
-        if not 0 < lo < 1 < cap:
+        if not 0 <= lo < 1 < cap:
             raise ValueError(f"the mask range [low={lo}, cap={cap}] must contain 1")
         ratio = torch.exp(diff)
         keep = (ratio >= lo) & (ratio <= cap)

@@ -73,14 +73,16 @@ class RolloutCorrectionConfig(Section):
     action: Literal["truncate", "mask", "reject"] = Field(
         "truncate",
         description="truncate: weight min(ratio, cap); mask: the ratio where it lies in "
-        "[low, cap], 0 outside (TRL's token_mask/sequence_mask, IcePop's two-sided mask); "
+        "[low, cap], 0 outside (verl's IS x RS, IcePop's mask; TRL's token_mask/sequence_mask "
+        "with low=0); "
         "reject: 1 inside [low, cap], 0 outside (a rejection without importance weights).",
     )
     cap: float = Field(2.0, gt=0, description="C: the truncation cap, or the mask's upper bound.")
     low: float | None = Field(
         None,
-        gt=0,
-        description="The mask's lower bound; None: 1 / cap. Only with action=mask or reject.",
+        ge=0,
+        description="The mask's lower bound; None: 1 / cap (verl's default); 0: no lower bound "
+        "(TRL's one-sided mask, its clip_min unset). Only with action=mask or reject.",
     )
 
     def bounds(self) -> tuple[float, float]:

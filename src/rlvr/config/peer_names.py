@@ -79,6 +79,25 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
         "reward.overlong_buffer",
         "rlvr does not drop cut replies; DAPO's overlong penalty shapes them instead",
     ),
+    "vllm_importance_sampling_correction": (
+        "algo.rollout_correction.level",
+        "on: a level (token or sequence); off: level=off. With vLLM rlvr defaults to token "
+        "truncation, cap 2",
+    ),
+    "vllm_importance_sampling_mode": (
+        "algo.rollout_correction.level",
+        "and .action: token_truncate is level=token action=truncate; TRL's default "
+        "sequence_mask is level=sequence action=mask low=0 (one-sided)",
+    ),
+    "vllm_importance_sampling_clip_max": (
+        "algo.rollout_correction.cap",
+        "TRL's default is 3, rlvr's 2",
+    ),
+    "vllm_importance_sampling_cap": ("algo.rollout_correction.cap", "TRL's default is 3, rlvr's 2"),
+    "vllm_importance_sampling_clip_min": (
+        "algo.rollout_correction.low",
+        "the mask's lower bound (TRL's unset is low=0); rlvr's truncation clamps from above only",
+    ),
     "reward_weights": ("reward.specs", "each spec's weight: [{name: ..., weight: 0.5}]"),
     "reward_funcs": ("reward.specs", "[{name: 'my_module:my_function'}]"),
     "use_vllm": ("rollout.engine", "rollout.engine=vllm"),
@@ -122,6 +141,18 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "train_files": ("data.train_path", ""),
     "val_files": ("data.eval_path", ""),
     "prompt_key": ("data.prompt_field", ""),
+    "rollout_is": (
+        "algo.rollout_correction.level",
+        "token or sequence, with action=truncate (verl's truncated IS weights)",
+    ),
+    "rollout_is_threshold": ("algo.rollout_correction.cap", ""),
+    "rollout_rs": (
+        "algo.rollout_correction.action",
+        "reject (verl's rejection alone) or mask (with rollout_is: IS weights times the "
+        "rejection); a rejected token stays in rlvr's token-mean denominator, verl drops it",
+    ),
+    "rollout_rs_threshold": ("algo.rollout_correction.cap", "the mask's upper bound"),
+    "rollout_rs_threshold_lower": ("algo.rollout_correction.low", ""),
     "rollout.n": ("algo.group_size", "verl's rollout.n: responses per prompt"),
     "rollout_n": ("algo.group_size", "verl's rollout.n: responses per prompt"),
     "ppo_mini_batch_size": (

@@ -10,9 +10,21 @@ tokens: the repeats were about a quarter of the decoding time.
 Registered with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` under
 ``GROUPED_EAGER`` (the public way to add a kernel), so ``model.set_attn_implementation(GROUPED_EAGER)`` selects it for training and
 generation alike: the sampler and the trainer keep computing the same arithmetic.
+
+The grouped kernel is the arithmetic of the usual eager function (Llama's, and Gemma-2's with
+its score softcapping). A model whose own eager function computes something else (attention
+sinks: GPT-OSS, DeepSeek-V4, Granite-SWA, Flint, MiMo-V2-Flash, Inkling-2; a float32 product; a
+softmax in the input dtype) runs that function instead, on the same (unpacked) inputs: which
+one a module gets is decided once per class by comparing its modelling file's
+``eager_attention_forward`` instruction by instruction with those two.
 """
 
 from __future__ import annotations
+
+import dis
+import inspect
+import sys
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -50,14 +62,30 @@ def grouped_eager_attention(
     out per row, attended as above, and the output is packed again ``[1, N, H, D]``.
 
     ``softcap`` (Gemma-2's ``attn_logit_softcapping``): the scaled scores become
-    ``softcap * tanh(scores / softcap)`` before the mask, as transformers' Gemma-2 eager does."""
-    rows = kwargs.get(PACKED_ROWS)
+    ``softcap * tanh(scores / softcap)`` before the mask, as transformers' Gemma-2 eager does.
+    A module whose own eager function computes more (``own_eager``) runs that function, with
+    every keyword transformers passed."""
+    rows = kwargs.pop(PACKED_ROWS, None)
     if rows is not None:
         query, key, value = rows.attention_inputs(module.layer_idx, query, key, value)
         out, _ = grouped_eager_attention(
-            module, query, key, value, attention_mask, scaling, dropout, softcap
+            module, query, key, value, attention_mask, scaling, dropout, softcap, **kwargs
         )
         return rows.pack_output(out), None
+    own = own_eager(module)
+    if own is not None:
+        extra = {} if softcap is None else {"softcap": softcap}
+        return own(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            scaling=scaling,
+            dropout=dropout,
+            **extra,
+            **kwargs,
+        )
     b, h, q, d = query.shape
     hkv, t = key.shape[1], key.shape[2]
     group = h // hkv
@@ -72,6 +100,34 @@ def grouped_eager_attention(
     weights = F.dropout(weights, p=dropout, training=module.training)
     out = torch.matmul(weights.view(b, hkv, group * q, t), value).view(b, h, q, d)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _instructions(fn: Callable) -> tuple:
+    """``fn``'s bytecode as (operation, argument) pairs: equal for functions of equal source
+    whatever file or line they come from."""
+    return tuple((i.opname, i.argval) for i in dis.get_instructions(inspect.unwrap(fn)))
+
+
+_GROUPED_ARITHMETIC: set[tuple] = set()  # the eager functions the grouped kernel computes
+_OWN_EAGER: dict[type, Callable | None] = {}
+
+
+def own_eager(module: torch.nn.Module) -> Callable | None:
+    """The ``eager_attention_forward`` of ``module``'s modelling file where it computes
+    something the grouped kernel does not, else None: the grouped kernel is its arithmetic, or
+    the file has no such function to compare (the grouped kernel then runs, as it always did)."""
+    cls = type(module)
+    if cls not in _OWN_EAGER:
+        if not _GROUPED_ARITHMETIC:
+            from transformers.models.gemma2 import modeling_gemma2
+            from transformers.models.llama import modeling_llama
+
+            for ref in (modeling_llama, modeling_gemma2):
+                _GROUPED_ARITHMETIC.add(_instructions(ref.eager_attention_forward))
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        same = fn is None or _instructions(fn) in _GROUPED_ARITHMETIC
+        _OWN_EAGER[cls] = None if same else fn
+    return _OWN_EAGER[cls]
 
 
 AttentionInterface.register(GROUPED_EAGER, grouped_eager_attention)
@@ -132,8 +188,10 @@ def use_training_attention(model: torch.nn.Module, cfg, device: str) -> None:
     kind = torch.device(device).type
     chosen = choose_attention(cfg.model.attention, kind, cfg.rollout.max_new_tokens)
     text_config = getattr(model.config, "get_text_config", lambda: model.config)()
-    if chosen == "sdpa" and getattr(text_config, "attn_logit_softcapping", None) is not None:
-        # SDPA cannot cap attention scores (Gemma-2): transformers refuses it for such models
+    softcaps = getattr(text_config, "attn_logit_softcapping", None) is not None
+    if chosen == "sdpa" and (softcaps or not getattr(model, "_supports_sdpa", True)):
+        # SDPA cannot cap attention scores (Gemma-2) nor add sinks (GPT-OSS): transformers
+        # refuses it for such models
         chosen = "eager"
     if not is_vlm_config(model.config):
         chosen = {"eager": GROUPED_EAGER, "sdpa": PACKED_SDPA}.get(chosen, chosen)

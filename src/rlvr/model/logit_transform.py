@@ -11,7 +11,8 @@ Gemma-3, Gemma-3n, Gemma-4, VaultGemma, NanoChat, MistralLarge4, Muse after a mu
 forward's statements from the head call on are read (``ast``) and replayed as a few steps:
 multiply or divide by a number the model holds (``self.config...``, ``self.logit_scale``),
 ``tanh``, ``float()``, an ``if X is not None:`` around them. Anything else that writes the
-logits or, before the head, the hidden states (a division of the hidden states: MiniCPM3,
+logits (an in-place method on them, an output built from an expression of them) or, before the
+head, the hidden states (a division of the hidden states: MiniCPM3,
 Inkling; a slice of the vocabulary: Inkling; a mask: Chameleon; a forward with no
 ``logits = self.<head>(hidden_states)``) is not recognised: the model takes the full-logits
 path, which is its own forward, and a warning says why, once.
@@ -243,7 +244,8 @@ class _Reader:
         out: list[Step] = []
         for st in body:
             if not _stores(st, "logits"):
-                continue  # the loss, the return: they read the logits
+                _check_reads(st)  # the loss, the return: they read the logits
+                continue
             if (
                 isinstance(st, ast.Assign)
                 and len(st.targets) == 1
@@ -273,6 +275,33 @@ class _Reader:
         else:
             v = self.value(left)
         return v is not None
+
+
+def _check_reads(st: ast.stmt) -> None:
+    """A statement that does not assign ``logits`` only reads them: no in-place method on them
+    (``_ = logits.mul_(c)``) and no output built from anything but them (``logits=logits * c``
+    in a ``return`` or a ``...Output(...)``; a loss may take what it likes), which would change
+    what the forward returns without a write the reader follows."""
+    outputs = [
+        n
+        for n in ast.walk(st)
+        if isinstance(n, ast.Return)
+        or (isinstance(n, ast.Call) and "Output" in ast.unparse(n.func))
+    ]
+    for out in outputs:
+        for node in ast.walk(out):
+            kw = isinstance(node, ast.keyword) and node.arg == "logits"
+            if kw and not _is_logits(node.value):
+                raise _Unrecognised(f"it returns `logits={ast.unparse(node.value)}`")
+    for node in ast.walk(st):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _is_logits(node.func.value)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("__")
+        ):
+            raise _Unrecognised(f"`{ast.unparse(node)}` changes its logits in place")
 
 
 def _is_logits(node: ast.expr) -> bool:
