@@ -84,17 +84,41 @@ def sampling_body(params: SamplingParams, seed: int | None) -> dict:
     }
 
 
-def parse_choice(prompt_index: int, choice: dict) -> Completion:
-    """One ``/inference/v1/generate`` choice (output_mode text) as a ``Completion``."""
+def token_versions(spans: list[dict], n_tokens: int) -> list[int]:
+    """The policy version of each output token from vLLM's ``weight_versions`` spans (output
+    tokens ``[start, end)`` sampled by weights labelled ``version``); every token must be covered
+    by a label this client set (an integer)."""
+    out: list[int | None] = [None] * n_tokens
+    for span in spans:
+        if not str(span["version"]).isdigit():
+            raise RuntimeError(f"a completion spans weights not labelled by a trainer: {spans}")
+        for i in range(int(span["start"]), min(int(span["end"]), n_tokens)):
+            out[i] = int(span["version"])
+    if None in out:
+        raise RuntimeError(f"weight-version spans {spans} leave tokens of {n_tokens} unlabelled")
+    return out  # type: ignore[return-value]
+
+
+def parse_choice(prompt_index: int, choice: dict, *, partial: bool = False) -> Completion:
+    """One ``/inference/v1/generate`` choice (output_mode text) as a ``Completion``.
+
+    ``partial`` (``rollout.partial``): a choice whose tokens span several weight versions keeps
+    each token's version (``Completion.token_versions``); without it that is an error (a push
+    landed during a generation that should have held it back)."""
     token_ids = list(choice["token_ids"])
     content = (choice.get("logprobs") or {}).get("content") or []
     if len(content) != len(token_ids):
         raise RuntimeError("the rollout server returned no log-prob for some sampled tokens")
     if choice["finish_reason"] not in ("stop", "length"):
         raise RuntimeError(f"the rollout server finished with {choice['finish_reason']!r}")
-    versions = {span["version"] for span in choice.get("weight_versions") or []}
+    spans = choice.get("weight_versions") or []
+    versions = {span["version"] for span in spans}
+    per_token = None
     if len(versions) > 1:
-        raise RuntimeError(f"a completion was sampled by several weight versions {versions}")
+        if not partial:
+            raise RuntimeError(f"a completion was sampled by several weight versions {versions}")
+        per_token = token_versions(spans, len(token_ids))
+        versions = {str(min(per_token))}
     version = versions.pop() if versions else None
     return Completion(
         prompt_index=prompt_index,
@@ -103,6 +127,7 @@ def parse_choice(prompt_index: int, choice: dict) -> Completion:
         text=choice["text"],
         finish_reason=choice["finish_reason"],
         policy_version=int(version) if version is not None and version.isdigit() else None,
+        token_versions=per_token,
     )
 
 
@@ -126,6 +151,7 @@ class ServerEngine:
         timeout_s: float = 600.0,
         process=None,
         owned_dir: Path | None = None,
+        partial: bool = False,
     ):
         """Connect to the server at ``url`` and form the weight-sync group with it (the server
         drops the group of a previous trainer: a restarted trainer reconnects)."""
@@ -138,6 +164,8 @@ class ServerEngine:
         )
         self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
         self._process, self._owned_dir = process, owned_dir
+        self.partial = partial  # rollout.partial: completions may span pushes (``paused``)
+        self._paused = False
         self.last_sync_stats: SyncStats | None = None
         self._version = -1  # unknown until the first sync
         self._group = self._store = None
@@ -160,7 +188,7 @@ class ServerEngine:
         kw = dict(
             dtype=dtype, tied=tied, lora_plan=plan, adapter=adapter, timeout_s=r.server_timeout_s
         )
-        kw.update(sync_host=r.sync_host, sync_port=r.sync_port)
+        kw.update(sync_host=r.sync_host, sync_port=r.sync_port, partial=r.partial)
         if r.server_url:
             engine = cls(r.server_url, **kw)
             engine.load_weights(model.state_dict().items())
@@ -224,9 +252,28 @@ class ServerEngine:
         with ThreadPoolExecutor(max(1, min(32, len(bodies)))) as pool:
             replies = list(pool.map(post, bodies))
         return [
-            [parse_choice(i, c) for c in sorted(reply["choices"], key=lambda c: c["index"])]
+            [
+                parse_choice(i, c, partial=self.partial)
+                for c in sorted(reply["choices"], key=lambda c: c["index"])
+            ]
             for i, reply in enumerate(replies)
         ]
+
+    @contextlib.contextmanager
+    def paused(self):
+        """A weight push during a generation (``rollout.partial``), with vLLM's own pause: its
+        requests are frozen where they are (``/pause?mode=keep``), the push inside this block
+        loads the new weights and preempts them (``load_weights`` resets the prefix cache with
+        ``reset_running_requests``: their KV cache came from the old weights, so each is
+        recomputed from its prompt and tokens so far on the new ones), the version label is set,
+        and ``/resume`` continues them. Their later tokens carry the new label and its log-probs."""
+        http_post(self.url, "/pause?mode=keep&clear_cache=false", {}, timeout_s=self.timeout_s)
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            http_post(self.url, "/resume", {}, timeout_s=self.timeout_s)
 
     # ------------------------------------------------------------------ weight sync
     def _rpc(self, method: str, *args: str, timeout_s: float | None = None):
@@ -305,9 +352,21 @@ class ServerEngine:
                 stats.bytes += flat.numel() * flat.element_size()
         if self._tied:
             self._rpc("rlvr_refresh_tied")
-        http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60)
+        self._reset_prefix_cache()
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
+        if not self._paused:
+            http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60)
+            return
+        reply = http_post(self.url, "/reset_prefix_cache?reset_running_requests=true", {})
+        if not reply.get("success", False):
+            raise RuntimeError(
+                f"rollout server at {self.url}: the KV cache of the paused requests could not be "
+                "dropped after a push; their next tokens would read the old weights' cache"
+            )
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

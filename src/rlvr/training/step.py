@@ -45,7 +45,9 @@ class Step:
         self.on_phase = on_phase
         k = run.cfg.rollout.max_staleness
         remote = getattr(run.engine, "remote", False)
-        self._ahead = Lookahead(self.request, self.resample, k, remote) if k > 0 else None
+        # rollout.partial: a push pauses the worker's generation instead of waiting for it
+        pause = run.engine.paused if remote and run.cfg.rollout.partial else None
+        self._ahead = Lookahead(self.request, self.resample, k, remote, pause) if k > 0 else None
         # around the update: the trainer's stop signals let an update finish (training/preempt)
         self.update_guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
