@@ -26,8 +26,8 @@ update, sync, push waiting for a generation). Each arm is compared with ``k0`` s
 (seconds to target: ratio and sign test).
 
 ``--lora``: merged against adapter-only LoRA sync (``rollout.lora_sync``) on the 135M model,
-rank 16 on every linear layer, vLLM in the trainer's process (adapter sync is not in server mode
-yet): sync seconds and bytes per step. ``SHAPES`` gives the bytes one sync moves at Qwen2.5-7B and
+rank 16 on every linear layer, vLLM in the trainer's process (both cores): sync seconds and
+bytes per step. ``SHAPES`` gives the bytes one sync moves at Qwen2.5-7B and
 gpt-oss-20b shapes, computed from their configs (``sync_bytes_table``), for docs/performance.md.
 
 Writes ``<out>/<date>-async-split.{json,md,png}``, rewritten after every run; re-running on the
@@ -432,6 +432,8 @@ def _train(work: Path, name: str, spec: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the pinned server is stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.run:  # one training, in its own process
         spec = json.loads(args.run.read_text())
         Path(spec["records"]).write_text(json.dumps(run_worker(spec)))

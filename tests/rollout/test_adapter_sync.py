@@ -9,7 +9,6 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.config import load_config
-from rlvr.config.validate import problems
 from rlvr.rollout.adapter_sync import (
     AdapterFolder,
     adapter_tensors,
@@ -81,11 +80,19 @@ def test_auto_takes_the_adapter_where_vllm_serves_it_and_merges_elsewhere():
     assert sync_mode(cfg, plain, lora_merge_plan(plain), "default") == "full"
 
 
-def test_vllm_ranks_and_the_server_refusal():
+def test_vllm_ranks_and_the_server_command(tiny_model_dir):
+    from rlvr.rollout.server_launch import server_command
+
     assert [max_lora_rank(r) for r in (1, 4, 8, 9, 16, 300, 512)] == [1, 8, 8, 16, 16, 320, 512]
     with pytest.raises(ValueError, match="above vLLM's largest"):
         max_lora_rank(513)
-    cfg = load_config(
-        None, ["rollout.mode=server", "model.lora.enabled=true", "rollout.lora_sync=adapter"]
+    lora = ["model.lora.enabled=true", "model.lora.rank=12", "model.autocast=off"]
+    for sync, served in (("auto", True), ("adapter", True), ("merged", False)):
+        cfg = load_config(None, [*lora, f"rollout.lora_sync={sync}"])
+        cmd = server_command(cfg, tiny_model_dir, torch.float32, port=1)
+        assert ("--enable-lora" in cmd) == served, sync
+        if served:
+            assert cmd[cmd.index("--max-lora-rank") + 1] == "16"
+    assert "--enable-lora" not in server_command(
+        load_config(None, []), tiny_model_dir, torch.float32, port=1
     )
-    assert any("rollout.lora_sync=adapter with rollout.mode=server" in p for p in problems(cfg))

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from vllm_support import (
     LOGPROB_TOL,
     STALE_MIN,
@@ -121,3 +122,108 @@ def test_a_lora_run_with_vllm_syncs_the_adapter_only(vllm_model_dir, tmp_path):
     for r in train:
         assert r["logprob_diff_max"] < LOGPROB_TOL  # after each step's adapter sync
         assert r["sync_bytes"] == adapter_bytes and r["sync_lora_merged"] == 0
+
+
+# ---------------------------------------------------------------------- rollout.mode=server
+SERVER_LORA = ["model.lora.enabled=true", "model.lora.rank=4", "model.lora.alpha=8"]
+SERVER_LORA += ["model.lora.target_modules=all-linear"]
+
+
+@pytest.fixture(scope="module")
+def lora_server(vllm_model_dir, tmp_path_factory):
+    """`rlvr rollout-server` for the base model with LoRA enabled (the run's config)."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    from test_server_e2e import RUN
+
+    from rlvr.rollout.server_launch import free_port, wait_healthy
+
+    port = free_port("127.0.0.1")
+    log = tmp_path_factory.mktemp("lora_srv") / "server.log"
+    cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={vllm_model_dir}"]
+    cmd += [*RUN, *SERVER_LORA, "rollout.max_new_tokens=64", "--port", str(port)]
+    cmd += ["--host", "127.0.0.1"]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 300, log)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+
+
+def _peft_from(model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm_support import LORA_TARGETS
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, lora_dropout=0.0)
+    return tok, get_peft_model(base, cfg).eval()
+
+
+def test_the_server_serves_the_adapter_and_a_push_mid_generation_moves_it(
+    vllm_model_dir, lora_server
+):
+    """rollout.mode=server with adapter-only sync: after a sync the server's log-probs are the
+    trainer's under the trained adapter, and (rollout.partial) a push of another adapter during a
+    generation moves the replies in flight to it: tokens before the push score as the old
+    adapter, after it as the new one."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlvr.rollout.server import ServerEngine
+
+    tok, fresh = _peft_from(vllm_model_dir)  # B = 0: the base model
+    trained = trained_copy(fresh, tok)
+    cfg = load_config(
+        None,
+        [f"model.name_or_path={vllm_model_dir}", "model.autocast=off", "rollout.mode=server"]
+        + [f"rollout.server_url={lora_server}", "rollout.partial=true"]
+        + ["rollout.max_staleness=1", *SERVER_LORA],
+    )
+    engine = ServerEngine.from_trainer(cfg, fresh, tok)
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    try:
+        engine.load_weights(trained.state_dict().items())
+        lora = [t for n, t in trained.state_dict().items() if "lora_" in n]
+        assert engine.last_sync_stats.bytes == sum(t.numel() * 4 for t in lora)
+        prompts, comps, lps = _sample(engine, ids)
+        assert max_abs_diff(trainer_logprobs(trained, prompts, comps, tok.pad_token_id), lps) < (
+            LOGPROB_TOL
+        )
+        spanning, params = [], SamplingParams(n=4, temperature=1.0, max_new_tokens=64, seed=3)
+        for delay in (0.05, 0.02, 0.1, 0.2, 0.01, 0.3):
+            engine.load_weights(fresh.state_dict().items())
+            engine.policy_version = 0
+            with ThreadPoolExecutor(1) as pool:
+                future = pool.submit(engine.generate, ids[:1], params)
+                time.sleep(delay)
+                with engine.paused():
+                    engine.load_weights(trained.state_dict().items())
+                    engine.policy_version = 1
+                groups = future.result(timeout=120)
+            spanning = [c for c in groups[0] if c.token_versions is not None]
+            if spanning:
+                break
+    finally:
+        engine.close()
+    assert spanning, "no push landed inside a generation"
+    for c in spanning:
+        cut = c.token_versions.index(1)
+        lp = torch.tensor(c.logprobs)
+        old = trainer_logprobs(fresh, ids[:1], [c.token_ids], tok.pad_token_id)[0]
+        new = trainer_logprobs(trained, ids[:1], [c.token_ids], tok.pad_token_id)[0]
+        assert float((lp[:cut] - old[:cut]).abs().max()) < LOGPROB_TOL
+        assert float((lp[cut:] - new[cut:]).abs().max()) < LOGPROB_TOL
+        assert float((new[cut:] - old[cut:]).abs().max()) > STALE_MIN

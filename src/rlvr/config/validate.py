@@ -57,16 +57,6 @@ def problems(cfg: Config) -> list[str]:
         )
     if cfg.rollout.mode == "server" and cfg.rollout.engine == "hf":
         out.append("rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)")
-    if (
-        cfg.rollout.mode == "server"
-        and cfg.model.lora.enabled
-        and cfg.rollout.lora_sync == "adapter"
-    ):
-        out.append(
-            "rollout.lora_sync=adapter with rollout.mode=server: the rollout server receives "
-            "merged weights only for now (adapter-only sync runs with vLLM in the trainer's "
-            "process); set rollout.lora_sync=merged or auto"
-        )
     if cfg.rollout.partial and (cfg.rollout.mode != "server" or cfg.rollout.max_staleness < 1):
         out.append(
             "rollout.partial=true continues generations ahead across weight pushes: it needs "

@@ -11,7 +11,9 @@ the same function, rounded differently (the tests bound the log-prob difference)
 
 Where vLLM cannot serve the adapter (a LoRA on the embeddings or a GPT-2 Conv1D, peft's
 ``modules_to_save``, a rank above vLLM's largest), ``lora_sync=auto`` merges as before and
-``lora_sync=adapter`` is refused, naming the reason. Pure torch and peft; no vLLM import.
+``lora_sync=adapter`` is refused, naming the reason. The server client (`rlvr.rollout.server`)
+registers the folder once (``/v1/load_lora_adapter``) and reloads it in place in the worker
+(``server_worker.rlvr_reload_adapter``). Pure torch and peft; no vLLM import.
 """
 
 from __future__ import annotations

@@ -27,6 +27,13 @@ from pathlib import Path
 
 import torch
 
+from rlvr.rollout.adapter_sync import (
+    ADAPTER_NAME,
+    AdapterFolder,
+    adapter_tensors,
+    sync_mode,
+    without_adapters,
+)
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.server_launch import (
     check_port_free,
@@ -152,6 +159,7 @@ class ServerEngine:
         process=None,
         owned_dir: Path | None = None,
         partial: bool = False,
+        adapter_folder: AdapterFolder | None = None,
     ):
         """Connect to the server at ``url`` and form the weight-sync group with it (the server
         drops the group of a previous trainer: a restarted trainer reconnects)."""
@@ -166,6 +174,8 @@ class ServerEngine:
         self._process, self._owned_dir = process, owned_dir
         self.partial = partial  # rollout.partial: completions may span pushes (``paused``)
         self._paused = False
+        self._adapter_folder = adapter_folder  # adapter-only LoRA sync (rollout.lora_sync)
+        self._adapter_registered = False
         self.last_sync_stats: SyncStats | None = None
         self._version = -1  # unknown until the first sync
         self._group = self._store = None
@@ -185,11 +195,13 @@ class ServerEngine:
         check_tied_lora(plan, tied)
         dtype = engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
+        by_adapter = sync_mode(cfg, model, plan, adapter) == "adapter"
         kw = dict(
             dtype=dtype, tied=tied, lora_plan=plan, adapter=adapter, timeout_s=r.server_timeout_s
         )
         kw.update(sync_host=r.sync_host, sync_port=r.sync_port, partial=r.partial)
         if r.server_url:
+            kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(r.server_url, **kw)
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
@@ -199,8 +211,11 @@ class ServerEngine:
         proc = None
         try:
             with torch.no_grad():
-                weights = checkpoint_weights(
-                    model.state_dict().items(), plan, adapter=adapter, tied=tied
+                state = model.state_dict().items()
+                weights = (
+                    checkpoint_weights(without_adapters(state), {}, adapter=adapter, tied=tied)
+                    if by_adapter  # the server serves the base model and loads the adapter
+                    else checkpoint_weights(state, plan, adapter=adapter, tied=tied)
                 )
                 export_checkpoint(folder / "model", model, tokenizer, weights, dtype)
             url = f"http://127.0.0.1:{r.server_port}"
@@ -209,7 +224,10 @@ class ServerEngine:
                 server_command(cfg, folder / "model", dtype, port=r.server_port), log
             )
             wait_healthy(url, proc, r.server_timeout_s, log)
+            kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(url, **kw, process=proc, owned_dir=folder)
+            if by_adapter:
+                engine.load_weights(model.state_dict().items())  # the adapter it starts with
             engine.policy_version = 0  # it started from these very weights
             return engine
         except BaseException:
@@ -248,6 +266,9 @@ class ServerEngine:
             }
             for p, s in zip(prompt_ids, seeds, strict=True)
         ]
+        if self._adapter_folder is not None:  # the served adapter, by its name
+            for body in bodies:
+                body["model"] = ADAPTER_NAME
         post = lambda body: http_post(self.url, "/inference/v1/generate", body)  # noqa: E731
         with ThreadPoolExecutor(max(1, min(32, len(bodies)))) as pool:
             replies = list(pool.map(post, bodies))
@@ -320,7 +341,11 @@ class ServerEngine:
         self._rpc_during(form, "rlvr_join", host, port, 2, 1, self.backend)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send the trainer's weights (LoRA merged) bucket by bucket; clears the prefix cache."""
+        """Send the trainer's weights (LoRA merged) bucket by bucket, or (adapter-only sync) the
+        adapter alone; clears the prefix cache."""
+        if self._adapter_folder is not None:
+            self._load_adapter(named_tensors)
+            return
         t0, stats = time.perf_counter(), SyncStats()
         weights = checkpoint_weights(
             named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
@@ -356,6 +381,39 @@ class ServerEngine:
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
 
+    def _load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The adapter's tensors into its folder (the server reads it: same machine), then the
+        first time registered with vLLM's ``/v1/load_lora_adapter``, later reloaded in place in
+        the worker (``rlvr_reload_adapter``: a registration with ``load_inplace`` would make every
+        request reload it at every scheduling step)."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            tensors = adapter_tensors(named_tensors, self._adapter, self.dtype)
+        if not tensors:
+            raise ValueError(f"adapter sync: no LoRA tensors of adapter {self._adapter!r} sent")
+        nbytes = self._adapter_folder.write(tensors)
+        path = str(self._adapter_folder.path)
+        if not self._adapter_registered:
+            try:
+                http_post(
+                    self.url,
+                    "/v1/load_lora_adapter",
+                    {"lora_name": ADAPTER_NAME, "lora_path": path},
+                )
+            except RuntimeError as exc:
+                raise RuntimeError(
+                    f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
+                    "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
+                    "set rollout.lora_sync=merged"
+                ) from exc
+            self._adapter_registered = True
+        else:
+            self._rpc("rlvr_reload_adapter", path)
+        self._reset_prefix_cache()
+        self.last_sync_stats = SyncStats(
+            tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
+        )
+
     def _reset_prefix_cache(self) -> None:
         """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
         if not self._paused:
@@ -381,6 +439,8 @@ class ServerEngine:
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
+        if self._adapter_folder is not None:
+            self._adapter_folder.remove()
 
 
 __all__ = ["DTYPES", "ServerEngine", "http_get", "http_post"]

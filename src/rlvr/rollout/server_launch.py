@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from rlvr.model.loading import resolve_model_path
+from rlvr.rollout.adapter_sync import max_lora_rank
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
     DTYPE_NAMES,
@@ -59,7 +60,10 @@ def _call(url: str, path: str, body: dict | None, timeout_s: float | None) -> di
             f"rollout server at {url} is not reachable ({path}: {reason}); start it with "
             "`rlvr rollout-server --config RUN.yaml` or check rollout.server_url"
         ) from exc
-    return json.loads(raw) if raw else {}
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:  # a plain-text answer (vLLM's /v1/load_lora_adapter)
+        return {"text": raw.decode(errors="replace")}
 
 
 def http_get(url: str, path: str, *, timeout_s: float | None = 30) -> dict:
@@ -134,6 +138,9 @@ def server_command(
     ]
     if r.enforce_eager:
         cmd.append("--enforce-eager")
+    if cfg.model.lora.enabled and r.lora_sync != "merged":  # adapter-only sync may serve LoRA
+        cmd += ["--enable-lora", "--max-loras", "1"]
+        cmd += ["--max-lora-rank", str(max_lora_rank(cfg.model.lora.rank))]
     if not torch.cuda.is_available():
         kv = cpu_kv_cache_bytes(
             read_config(str(model_dir)),
@@ -153,6 +160,7 @@ def server_env() -> dict[str, str]:
     """The server's environment: dev endpoints on, rlvr importable by the worker extension."""
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (adapter-only sync)
     src = str(Path(__file__).resolve().parents[2])  # the folder holding the rlvr package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
