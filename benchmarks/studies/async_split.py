@@ -188,10 +188,14 @@ def run_summary(records: list[dict], target: float, window: int, sequences: int)
     later = records[1:] or records
     lags = [r["token_lag_mean"] for r in records if r.get("token_lag_mean") is not None]
     maxes = [r["token_lag_max"] for r in records if r.get("token_lag_max") is not None]
+    # on-policy (k0) logs no time_generate: its generation is the trainer's wait, time_rollout
     phases = {
-        name: _median([sum(float(r.get(k, 0.0)) for k in keys) for r in later])
+        name: _median(
+            [sum(float(r.get(k, r.get("time_rollout", 0.0) if k == "time_generate" else 0.0))
+                 for k in keys) for r in later]
+        )
         for name, keys in PHASES.items()
-    }
+    }  # fmt: skip
     tokens = sum(float(r["reply_len"]) * sequences for r in records)
     return {
         "steps": len(records),

@@ -68,6 +68,13 @@ def test_run_summary_reads_target_phases_tokens_and_lag():
                              "sync": 0.25, "wait_push": 0.0}  # fmt: skip
 
 
+def test_an_on_policy_run_counts_its_wait_as_generation():
+    recs = _records([0.5, 0.5])
+    for r in recs:
+        del r["time_generate"]  # k0 has no batch generated ahead
+    assert run_summary(recs, 0.9, 3, 32)["phases_s"]["generate"] == 1.0  # its time_rollout
+
+
 def test_summarize_compares_each_arm_with_k0_seed_by_seed():
     runs = {
         "k0": {"0": _records([0, 0, 1, 1, 1], wall=4.0), "1": _records([1, 1, 1], wall=4.0)},
