@@ -36,6 +36,9 @@ def engine_config():
             "algo.prompts_per_step=4",
             "algo.group_size=8",
             "train.seed=0",
+            # the session engine takes plain and peft state dicts alike: LoRA merged on the fly
+            # (adapter-only sync has its own engine: test_vllm_adapter_sync.py)
+            "rollout.lora_sync=merged",
         ],
     )
 

@@ -173,6 +173,19 @@ class RolloutConfig(Section):
         "(cap 2) where algo.rollout_correction.level and algo.tis_cap are unset; refused with "
         "the correction off or an objective that takes none. 0: on-policy.",
     )
+    partial: bool = Field(
+        False,
+        description="Partial rollouts (rollout.mode=server, max_staleness >= 1): a weight push "
+        "does not wait for the generation in flight; the worker pauses its requests, takes the "
+        "new weights and continues them, each token labelled with the version that sampled it "
+        "(docs/rollout.md).",
+    )
+    lora_sync: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="With model.lora.enabled and vLLM: 'adapter' sends only the LoRA tensors (the "
+        "engine serves the base model and loads the adapter), 'merged' sends the full weights "
+        "with the adapter merged; 'auto': adapter where vLLM can serve the adapter, else merged.",
+    )
     # rollout.mode=server: vLLM in its own process (rlvr.rollout.server); docs/rollout.md
     mode: Literal["colocated", "server"] = Field(
         "colocated",

@@ -60,6 +60,12 @@ def problems(cfg: Config) -> list[str]:
         )
     if cfg.rollout.mode == "server" and cfg.rollout.engine == "hf":
         out.append("rollout.mode=server serves vLLM: set rollout.engine=vllm (or auto)")
+    if cfg.rollout.partial and (cfg.rollout.mode != "server" or cfg.rollout.max_staleness < 1):
+        out.append(
+            "rollout.partial=true continues generations ahead across weight pushes: it needs "
+            f"rollout.mode=server and rollout.max_staleness >= 1 (got mode={cfg.rollout.mode}, "
+            f"max_staleness={cfg.rollout.max_staleness})"
+        )
     if cfg.rollout.engine == "hf" and cfg.rollout.sleep_during_update:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:

@@ -57,6 +57,9 @@ class Completion:
     finish_reason: "stop" (EOS or stop string; an episode: the environment said done), "length"
     (hit max_new_tokens or rollout.max_episode_tokens) or "turns" (rollout.max_turns).
     loss_mask: 1 at the model's tokens, 0 at the environment's; None: every token is the model's.
+    token_versions: the policy version that sampled each token, where a weight push landed during
+    the generation (``rollout.partial``: the tokens after it come from the new weights, and
+    ``logprobs`` are theirs); None: every token was sampled by ``policy_version``.
     """
 
     prompt_index: int
@@ -64,12 +67,20 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str
-    # The trainer's policy version of the weights that sampled it (the step stamps it at generation)
+    # The trainer's policy version of the weights that sampled it (the step stamps it at
+    # generation); with token_versions, the oldest of them (its first token's)
     policy_version: int | None = None
     loss_mask: list[int] | None = None
     episode: EpisodeInfo | None = None
     # its own prompt where it differs from its row's (an agent's sequence: rlvr.rollout.agents)
     prompt_ids: list[int] | None = None
+    token_versions: list[int] | None = None
+
+    def versions(self) -> list[int] | None:
+        """The version of each token: ``token_versions``, else ``policy_version`` repeated."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return None if self.policy_version is None else [self.policy_version] * len(self.token_ids)
 
     @property
     def truncated(self) -> bool:

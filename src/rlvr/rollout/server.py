@@ -27,6 +27,13 @@ from pathlib import Path
 
 import torch
 
+from rlvr.rollout.adapter_sync import (
+    ADAPTER_NAME,
+    AdapterFolder,
+    adapter_tensors,
+    sync_mode,
+    without_adapters,
+)
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.server_auth import new_token, token_from_env
 from rlvr.rollout.server_launch import (
@@ -85,17 +92,41 @@ def sampling_body(params: SamplingParams, seed: int | None) -> dict:
     }
 
 
-def parse_choice(prompt_index: int, choice: dict) -> Completion:
-    """One ``/inference/v1/generate`` choice (output_mode text) as a ``Completion``."""
+def token_versions(spans: list[dict], n_tokens: int) -> list[int]:
+    """The policy version of each output token from vLLM's ``weight_versions`` spans (output
+    tokens ``[start, end)`` sampled by weights labelled ``version``); every token must be covered
+    by a label this client set (an integer)."""
+    out: list[int | None] = [None] * n_tokens
+    for span in spans:
+        if not str(span["version"]).isdigit():
+            raise RuntimeError(f"a completion spans weights not labelled by a trainer: {spans}")
+        for i in range(int(span["start"]), min(int(span["end"]), n_tokens)):
+            out[i] = int(span["version"])
+    if None in out:
+        raise RuntimeError(f"weight-version spans {spans} leave tokens of {n_tokens} unlabelled")
+    return out  # type: ignore[return-value]
+
+
+def parse_choice(prompt_index: int, choice: dict, *, partial: bool = False) -> Completion:
+    """One ``/inference/v1/generate`` choice (output_mode text) as a ``Completion``.
+
+    ``partial`` (``rollout.partial``): a choice whose tokens span several weight versions keeps
+    each token's version (``Completion.token_versions``); without it that is an error (a push
+    landed during a generation that should have held it back)."""
     token_ids = list(choice["token_ids"])
     content = (choice.get("logprobs") or {}).get("content") or []
     if len(content) != len(token_ids):
         raise RuntimeError("the rollout server returned no log-prob for some sampled tokens")
     if choice["finish_reason"] not in ("stop", "length"):
         raise RuntimeError(f"the rollout server finished with {choice['finish_reason']!r}")
-    versions = {span["version"] for span in choice.get("weight_versions") or []}
+    spans = choice.get("weight_versions") or []
+    versions = {span["version"] for span in spans}
+    per_token = None
     if len(versions) > 1:
-        raise RuntimeError(f"a completion was sampled by several weight versions {versions}")
+        if not partial:
+            raise RuntimeError(f"a completion was sampled by several weight versions {versions}")
+        per_token = token_versions(spans, len(token_ids))
+        versions = {str(min(per_token))}
     version = versions.pop() if versions else None
     return Completion(
         prompt_index=prompt_index,
@@ -104,6 +135,7 @@ def parse_choice(prompt_index: int, choice: dict) -> Completion:
         text=choice["text"],
         finish_reason=choice["finish_reason"],
         policy_version=int(version) if version is not None and version.isdigit() else None,
+        token_versions=per_token,
     )
 
 
@@ -128,6 +160,8 @@ class ServerEngine:
         process=None,
         owned_dir: Path | None = None,
         token: str | None = None,
+        partial: bool = False,
+        adapter_folder: AdapterFolder | None = None,
     ):
         """Connect to the server at ``url`` and form the weight-sync group with it (the server
         drops the group of a previous trainer: a restarted trainer reconnects). ``token``: the
@@ -142,6 +176,10 @@ class ServerEngine:
         )
         self.bucket_bytes, self.timeout_s = bucket_bytes, timeout_s
         self._process, self._owned_dir = process, owned_dir
+        self.partial = partial  # rollout.partial: completions may span pushes (``paused``)
+        self._paused = False
+        self._adapter_folder = adapter_folder  # adapter-only LoRA sync (rollout.lora_sync)
+        self._adapter_registered = False
         self.last_sync_stats: SyncStats | None = None
         self._version = -1  # unknown until the first sync
         self._group = self._store = None
@@ -161,11 +199,13 @@ class ServerEngine:
         check_tied_lora(plan, tied)
         dtype = engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
+        by_adapter = sync_mode(cfg, model, plan, adapter) == "adapter"
         kw = dict(
             dtype=dtype, tied=tied, lora_plan=plan, adapter=adapter, timeout_s=r.server_timeout_s
         )
-        kw.update(sync_host=r.sync_host, sync_port=r.sync_port)
+        kw.update(sync_host=r.sync_host, sync_port=r.sync_port, partial=r.partial)
         if r.server_url:  # a `rlvr rollout-server`: its token comes in this process's environment
+            kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(r.server_url, **kw, token=token_from_env())
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
@@ -175,8 +215,11 @@ class ServerEngine:
         proc = None
         try:
             with torch.no_grad():
-                weights = checkpoint_weights(
-                    model.state_dict().items(), plan, adapter=adapter, tied=tied
+                state = model.state_dict().items()
+                weights = (
+                    checkpoint_weights(without_adapters(state), {}, adapter=adapter, tied=tied)
+                    if by_adapter  # the server serves the base model and loads the adapter
+                    else checkpoint_weights(state, plan, adapter=adapter, tied=tied)
                 )
                 export_checkpoint(folder / "model", model, tokenizer, weights, dtype)
             url = f"http://127.0.0.1:{r.server_port}"
@@ -186,7 +229,10 @@ class ServerEngine:
                 server_command(cfg, folder / "model", dtype, port=r.server_port), log, token
             )
             wait_healthy(url, proc, r.server_timeout_s, log)
+            kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(url, **kw, process=proc, owned_dir=folder, token=token)
+            if by_adapter:
+                engine.load_weights(model.state_dict().items())  # the adapter it starts with
             engine.policy_version = 0  # it started from these very weights
             return engine
         except BaseException:
@@ -229,15 +275,43 @@ class ServerEngine:
             }
             for p, s in zip(prompt_ids, seeds, strict=True)
         ]
+        if self._adapter_folder is not None:  # the served adapter, by its name
+            for body in bodies:
+                body["model"] = ADAPTER_NAME
         post = lambda body: http_post(  # noqa: E731
             self.url, "/inference/v1/generate", body, token=self.token
         )
         with ThreadPoolExecutor(max(1, min(32, len(bodies)))) as pool:
             replies = list(pool.map(post, bodies))
         return [
-            [parse_choice(i, c) for c in sorted(reply["choices"], key=lambda c: c["index"])]
+            [
+                parse_choice(i, c, partial=self.partial)
+                for c in sorted(reply["choices"], key=lambda c: c["index"])
+            ]
             for i, reply in enumerate(replies)
         ]
+
+    @contextlib.contextmanager
+    def paused(self):
+        """A weight push during a generation (``rollout.partial``), with vLLM's own pause: its
+        requests are frozen where they are (``/pause?mode=keep``), the push inside this block
+        loads the new weights and preempts them (``load_weights`` resets the prefix cache with
+        ``reset_running_requests``: their KV cache came from the old weights, so each is
+        recomputed from its prompt and tokens so far on the new ones), the version label is set,
+        and ``/resume`` continues them. Their later tokens carry the new label and its log-probs."""
+        http_post(
+            self.url,
+            "/pause?mode=keep&clear_cache=false",
+            {},
+            timeout_s=self.timeout_s,
+            token=self.token,
+        )
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            http_post(self.url, "/resume", {}, timeout_s=self.timeout_s, token=self.token)
 
     # ------------------------------------------------------------------ weight sync
     def _rpc(self, method: str, *args: str, timeout_s: float | None = None):
@@ -290,7 +364,11 @@ class ServerEngine:
         self._rpc_during(form, "rlvr_join", host, port, 2, 1, self.backend)
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send the trainer's weights (LoRA merged) bucket by bucket; clears the prefix cache."""
+        """Send the trainer's weights (LoRA merged) bucket by bucket, or (adapter-only sync) the
+        adapter alone; clears the prefix cache."""
+        if self._adapter_folder is not None:
+            self._load_adapter(named_tensors)
+            return
         t0, stats = time.perf_counter(), SyncStats()
         weights = checkpoint_weights(
             named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
@@ -322,9 +400,60 @@ class ServerEngine:
                 stats.bytes += flat.numel() * flat.element_size()
         if self._tied:
             self._rpc("rlvr_refresh_tied")
-        http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token)
+        self._reset_prefix_cache()
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
+
+    def _load_adapter(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The adapter's tensors into its folder (the server reads it: same machine), then the
+        first time registered with vLLM's ``/v1/load_lora_adapter``, later reloaded in place in
+        the worker (``rlvr_reload_adapter``: a registration with ``load_inplace`` would make every
+        request reload it at every scheduling step)."""
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            tensors = adapter_tensors(named_tensors, self._adapter, self.dtype)
+        if not tensors:
+            raise ValueError(f"adapter sync: no LoRA tensors of adapter {self._adapter!r} sent")
+        nbytes = self._adapter_folder.write(tensors)
+        path = str(self._adapter_folder.path)
+        if not self._adapter_registered:
+            try:
+                http_post(
+                    self.url,
+                    "/v1/load_lora_adapter",
+                    {"lora_name": ADAPTER_NAME, "lora_path": path},
+                    token=self.token,
+                )
+            except RuntimeError as exc:
+                raise RuntimeError(
+                    f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
+                    "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
+                    "set rollout.lora_sync=merged"
+                ) from exc
+            self._adapter_registered = True
+        else:
+            self._rpc("rlvr_reload_adapter", path)
+        self._reset_prefix_cache()
+        self.last_sync_stats = SyncStats(
+            tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
+        )
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
+        if not self._paused:
+            http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token)
+            return
+        reply = http_post(
+            self.url,
+            "/reset_prefix_cache?reset_running_requests=true",
+            {},
+            token=self.token,
+        )
+        if not reply.get("success", False):
+            raise RuntimeError(
+                f"rollout server at {self.url}: the KV cache of the paused requests could not be "
+                "dropped after a push; their next tokens would read the old weights' cache"
+            )
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -339,6 +468,8 @@ class ServerEngine:
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
+        if self._adapter_folder is not None:
+            self._adapter_folder.remove()
 
 
 __all__ = ["DTYPES", "ServerEngine", "http_get", "http_post"]

@@ -28,6 +28,7 @@ import torch
 from rlvr.model.loading import resolve_model_path
 from rlvr.rollout.server_auth import TOKEN_ENV, new_token, token_from_env, write_token_file
 from rlvr.rollout.server_auth import headers as auth_headers
+from rlvr.rollout.adapter_sync import max_lora_rank
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
     DTYPE_NAMES,
@@ -71,7 +72,10 @@ def _call(
             f"rollout server at {url} is not reachable ({path}: {reason}); start it with "
             "`rlvr rollout-server --config RUN.yaml` or check rollout.server_url"
         ) from exc
-    return json.loads(raw) if raw else {}
+    try:
+        return json.loads(raw) if raw else {}
+    except ValueError:  # a plain-text answer (vLLM's /v1/load_lora_adapter)
+        return {"text": raw.decode(errors="replace")}
 
 
 def http_get(
@@ -152,6 +156,9 @@ def server_command(
     ]
     if r.enforce_eager:
         cmd.append("--enforce-eager")
+    if cfg.model.lora.enabled and r.lora_sync != "merged":  # adapter-only sync may serve LoRA
+        cmd += ["--enable-lora", "--max-loras", "1"]
+        cmd += ["--max-lora-rank", str(max_lora_rank(cfg.model.lora.rank))]
     if not torch.cuda.is_available():
         kv = cpu_kv_cache_bytes(
             read_config(str(model_dir)),
@@ -173,6 +180,7 @@ def server_env(token: str) -> dict[str, str]:
     env = dict(os.environ)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     env[TOKEN_ENV] = token
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter (adapter-only sync)
     src = str(Path(__file__).resolve().parents[2])  # the folder holding the rlvr package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

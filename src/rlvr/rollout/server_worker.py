@@ -111,6 +111,20 @@ class WeightReceiver:
             nbytes += flat.numel() * flat.element_size()
         return {"tensors": tensors, "bytes": nbytes}
 
+    def rlvr_reload_adapter(self, path: str) -> int:
+        """Adapter-only LoRA sync (`rlvr.rollout.adapter_sync`): reload the one adapter the
+        server serves from ``path``, in place (its id and name stay, so requests in flight and
+        the front end's registration keep pointing at it); returns its id."""
+        from vllm.lora.request import LoRARequest
+
+        from rlvr.rollout.adapter_sync import ADAPTER_NAME
+
+        ids = sorted(self.model_runner.lora_manager.list_adapters())
+        if len(ids) != 1:
+            raise RuntimeError(f"rlvr_reload_adapter: the worker holds adapters {ids}, not one")
+        self.add_lora(LoRARequest(ADAPTER_NAME, ids[0], path, load_inplace=True))
+        return ids[0]
+
     def rlvr_refresh_tied(self) -> int:
         """After a sync of a model with tied embeddings (see ``refresh_tied_output_layers``)."""
         from rlvr.rollout.weight_sync import refresh_tied_output_layers

@@ -27,6 +27,15 @@ from typing import ClassVar
 import torch
 
 from rlvr.rollout import vllm_colocate as colocate
+from rlvr.rollout.adapter_sync import (
+    ADAPTER_ID,
+    ADAPTER_NAME,
+    AdapterFolder,
+    adapter_tensors,
+    max_lora_rank,
+    sync_mode,
+    without_adapters,
+)
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
@@ -93,6 +102,7 @@ class VLLMEngine:
         adapter: str = "default",
         expected_names: Iterable[str] | None = None,
         owned_dir: Path | None = None,
+        adapter_folder: AdapterFolder | None = None,
     ):
         """Start vLLM on the checkpoint folder ``model_path``.
 
@@ -101,6 +111,8 @@ class VLLMEngine:
         and held in blocks of ``CPU_KV_BLOCK`` tokens, so a prompt's samples share its prefill.
         ``expected_names``: the tensor names every ``load_weights`` must send (default: the names
         in the folder's safetensors files). ``owned_dir`` is deleted on ``close()``.
+        ``adapter_folder``: adapter-only LoRA sync (`rlvr.rollout.adapter_sync`): the folder holds
+        the base model, every sync sends the adapter into this folder and vLLM reloads it.
         """
         require_vllm()
         if VLLMEngine._live is not None:
@@ -126,6 +138,8 @@ class VLLMEngine:
         self._plan = dict(lora_plan or {})
         self._adapter = adapter
         self._owned_dir = owned_dir
+        self._adapter_folder = adapter_folder
+        self._lora_request = None  # set by the first adapter sync
         self._asleep = False
         self._sleep_enabled = enable_sleep_mode
         config = read_config(self.model_path)
@@ -176,6 +190,10 @@ class VLLMEngine:
                 kwargs.update(colocate.cpu_worker_settings())
         if self.on_cpu:
             kwargs["block_size"] = CPU_KV_BLOCK  # a group's samples share their prompt's prefill
+        if adapter_folder is not None:
+            kwargs.update(
+                enable_lora=True, max_lora_rank=max_lora_rank(adapter_folder.rank), max_loras=1
+            )
         if kv_cache_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
         else:
@@ -202,7 +220,9 @@ class VLLMEngine:
 
         The weights go to a temporary folder (under ``workdir`` if given) in the engine's dtype,
         removed again by ``close()``. Knobs come from ``cfg.rollout``; the dtype follows the
-        trainer's numerics (``engine_dtype``) unless given (evaluation: ``eval.dtype``).
+        trainer's numerics (``engine_dtype``) unless given (evaluation: ``eval.dtype``). A LoRA
+        model with ``rollout.lora_sync`` adapter (``auto`` where vLLM can serve it): the folder
+        holds the base model and the engine loads the adapter (`rlvr.rollout.adapter_sync`).
         """
         plan = lora_merge_plan(model)
         tied = bool(getattr(base_config(model), "tie_word_embeddings", False))
@@ -210,23 +230,26 @@ class VLLMEngine:
         require_vllm()
         dtype = dtype or engine_dtype(cfg, next(model.parameters()).device)
         adapter = active_adapter_name(model) if plan else "default"
+        by_adapter = sync_mode(cfg, model, plan, adapter) == "adapter"
         # Under torchrun: one folder per node, written by its local rank 0 (vllm_colocate).
         folder, writer = colocate.export_dir(workdir)
+        adapter_folder = AdapterFolder.create(model, adapter) if by_adapter else None
         try:
             with torch.no_grad():
+                state = model.state_dict().items()
                 names = export_checkpoint(
                     folder,
                     model,
                     tokenizer,
-                    checkpoint_weights(
-                        model.state_dict().items(), plan, adapter=adapter, tied=tied
-                    ),
+                    checkpoint_weights(without_adapters(state), {}, adapter=adapter, tied=tied)
+                    if by_adapter
+                    else checkpoint_weights(state, plan, adapter=adapter, tied=tied),
                     dtype,
                     write=writer,
                 )
             colocate.ready()
             r = cfg.rollout
-            return cls(
+            engine = cls(
                 folder,
                 dtype=dtype,
                 seed=cfg.train.seed,
@@ -240,11 +263,17 @@ class VLLMEngine:
                 adapter=adapter,
                 expected_names=names,
                 owned_dir=folder if writer else None,
+                adapter_folder=adapter_folder,
             )
         except BaseException:
             if writer:
                 shutil.rmtree(folder, ignore_errors=True)
+            if adapter_folder is not None:
+                adapter_folder.remove()
             raise
+        if adapter_folder is not None:
+            engine.load_weights(model.state_dict().items())  # the adapter it starts with
+        return engine
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -274,7 +303,10 @@ class VLLMEngine:
         reps = params.n if params.temperature == 0 else 1
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in run_ids for _ in range(reps)]
         outs = llm.generate(
-            requests, self._sampling_params(replace(params, n=params.n // reps)), use_tqdm=False
+            requests,
+            self._sampling_params(replace(params, n=params.n // reps)),
+            use_tqdm=False,
+            lora_request=self._lora_request,
         )
         if len(outs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outs)} results for {len(requests)} requests")
@@ -310,6 +342,9 @@ class VLLMEngine:
         cache (its KV entries came from the old weights). Stats go to ``last_sync_stats``.
         """
         llm = self._open_llm()
+        if self._adapter_folder is not None:
+            self._load_adapter(llm, named_tensors)
+            return
         t0 = time.perf_counter()
         stats = SyncStats()
         sent: set[str] = set()
@@ -345,6 +380,24 @@ class VLLMEngine:
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
 
+    def _load_adapter(self, llm, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Adapter-only sync: the adapter's tensors into its folder, reloaded by vLLM in place."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            tensors = adapter_tensors(named_tensors, self._adapter, self.dtype)
+        if not tensors:
+            raise ValueError(f"adapter sync: no LoRA tensors of adapter {self._adapter!r} sent")
+        nbytes = self._adapter_folder.write(tensors)
+        path = str(self._adapter_folder.path)
+        llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, path, load_inplace=True))
+        self._lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)
+        llm.reset_prefix_cache()
+        self.last_sync_stats = SyncStats(
+            tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
+        )
+
     # ------------------------------------------------------------------ memory (GPU)
     def sleep(self) -> None:
         """Free the engine's GPU memory during the update (level 1: weights to host, KV dropped).
@@ -378,6 +431,8 @@ class VLLMEngine:
             if self._owned_dir is not None:
                 shutil.rmtree(self._owned_dir, ignore_errors=True)
                 self._owned_dir = None
+            if self._adapter_folder is not None:
+                self._adapter_folder.remove()
 
     @property
     def closed(self) -> bool:

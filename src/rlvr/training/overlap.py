@@ -33,6 +33,16 @@ Where the batches ahead are generated:
 Every completion carries the policy version that sampled it (the server's label, else
 ``stamp_version``); ``staleness_stats`` logs trained version minus that.
 
+Partial rollouts (``rollout.partial``, server mode): a push does not wait for the generation in
+flight. ``guard`` still holds back the generations queued behind the push, but around the push
+it holds the engine's ``paused()`` instead of waiting: the worker freezes its requests, takes the
+new weights and version label, and continues them on the new weights, so a completion may carry
+several versions, one per token (``Completion.token_versions``), each token with the engine
+log-prob of the weights that sampled it (what the rollout correction reads). ``staleness_stats``
+adds the lag per token (``token_lag_mean``/``_max``). A checkpoint waits for the generations in
+flight as before: they finish on the weights they hold, and the checkpoint holds whole batches
+with their per-token versions, so a resume trains on exactly them.
+
 The loss treats a batch ahead as decoupled PPO does (arXiv 2505.24298): the proximal policy the
 ratio is clipped around is the trainer's current weights (the step's old-log-prob pass), and the
 behaviour policy, the engine's log-probs on each completion, enters only through the rollout
@@ -92,11 +102,14 @@ class _Gate:
     sync that waits goes before the next queued generation (else a fast worker could keep the
     trainer's weights from ever reaching the engine while its queue is full)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: Callable[[], contextlib.AbstractContextManager] | None = None):
+        """``pause``: the engine's ``paused()`` (partial rollouts): a sync holds it instead of
+        waiting for the generation in flight."""
         self._cond = threading.Condition()
         self._generating = False
         self._syncing = False
-        self.waited = 0.0  # seconds syncs waited for a generation in flight
+        self._pause = pause
+        self.waited = 0.0  # seconds syncs waited for a generation in flight (or the pause)
 
     @contextlib.contextmanager
     def generating(self) -> Iterator[None]:
@@ -115,10 +128,12 @@ class _Gate:
         t = time.perf_counter()
         with self._cond:
             self._syncing = True
-            self._cond.wait_for(lambda: not self._generating)
-        self.waited += time.perf_counter() - t
+            if self._pause is None:
+                self._cond.wait_for(lambda: not self._generating)
         try:
-            yield
+            with self._pause() if self._pause is not None else contextlib.nullcontext():
+                self.waited += time.perf_counter() - t
+                yield
         finally:
             with self._cond:
                 self._syncing = False
@@ -152,14 +167,20 @@ class Lookahead:
     ``start(step, generate, sampler)`` queues one batch: ``generate`` (``Step.request``'s
     zero-argument function) runs in the caller's thread, or in a worker thread when
     ``background``; ``take(step)`` hands the step its batch, and ``replaced`` records that the
-    step generated it again as too stale (``too_stale``)."""
+    step generated it again as too stale (``too_stale``). ``pause`` (the engine's ``paused()``,
+    background only) makes pushes partial (module docstring)."""
 
-    def __init__(self, depth: int, background: bool):
+    def __init__(
+        self,
+        depth: int,
+        background: bool,
+        pause: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         self.depth = depth
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="rlvr-lookahead") if background else None
         )
-        self._gate = _Gate() if background else None
+        self._gate = _Gate(pause) if background else None
         self._queue: deque[_Ahead] = deque()
         self._next: int | None = None  # the next step to request (None: none requested yet)
         self._taken: _Ahead | None = None  # the entry the last take() returned
@@ -361,8 +382,20 @@ def stamp_version(groups: list[list[Completion]], version: int) -> None:
 
 
 def staleness_stats(completions: list[Completion], trained_version: int) -> dict[str, float]:
-    """``staleness_mean``/``_max``: the version being trained minus each completion's version."""
+    """``staleness_mean``/``_max``: the version being trained minus each completion's version
+    (its oldest token's); ``token_lag_mean``/``_max``: the same per model token (the token's own
+    version: after a partial push, the newer weights')."""
     lags = [trained_version - c.policy_version for c in completions if c.policy_version is not None]
     if not lags:
         return {}
-    return {"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags))}
+    out = {"staleness_mean": sum(lags) / len(lags), "staleness_max": float(max(lags))}
+    tokens = [
+        trained_version - v
+        for c in completions
+        if c.policy_version is not None
+        for v, m in zip(c.versions(), c.loss_mask or [1] * len(c.token_ids), strict=True)
+        if m
+    ]
+    if tokens:
+        out.update(token_lag_mean=sum(tokens) / len(tokens), token_lag_max=float(max(tokens)))
+    return out

@@ -54,7 +54,9 @@ class Step:
         self.stops = stops
         k = run.cfg.rollout.max_staleness
         remote = getattr(run.engine, "remote", False)
-        self._ahead = Lookahead(k, remote) if k > 0 else None
+        # rollout.partial: a push pauses the worker's generation instead of waiting for it
+        pause = run.engine.paused if remote and run.cfg.rollout.partial else None
+        self._ahead = Lookahead(k, remote, pause) if k > 0 else None
 
     # ------------------------------------------------------------------ the lookahead's life
     def state_dict(self, *, stopping: bool = False) -> dict:
