@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from rlvr.model.loading import resolve_model_path
+from rlvr.rollout.adapter_sync import max_lora_rank
 from rlvr.rollout.server_auth import TOKEN_ENV, new_token, token_from_env, write_token_file
 from rlvr.rollout.server_auth import headers as auth_headers
-from rlvr.rollout.adapter_sync import max_lora_rank
 from rlvr.rollout.vllm_setup import (
     CPU_KV_BLOCK,
     DTYPE_NAMES,
