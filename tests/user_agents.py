@@ -86,3 +86,14 @@ def sometimes_hangs(base_url: str, row: dict) -> float:
     if int(row["answer"]) % 2 == 0:
         _HANG.wait(3600)
     return float(len(out.choices[0].message.content or "") % 2)
+
+
+def delayed_call(base_url: str, row: dict) -> float:
+    """One request, sent ``row["delay"]`` seconds after the episode starts."""
+    import time
+
+    time.sleep(float(row.get("delay", 0)))
+    out = _client(base_url).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": row["prompt"]}], max_tokens=6
+    )
+    return float(len(out.choices[0].message.content or "") % 2)
