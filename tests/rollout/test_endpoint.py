@@ -327,3 +327,46 @@ def test_no_generation_outlives_the_agents_step(tool_model):
     assert all(start < returned for start, _ in engine.spans)
     assert len(engine.spans) == 1  # the ended episode's queued request was dropped
     assert all("timed out after 1.0 s" in g[0].episode.failed for g in groups)
+
+
+def test_a_stop_signal_in_the_agents_step_leaves_no_generation_under_way(tool_model):
+    """A stop signal raises in the main thread while the agents play (the trainer's handler
+    abandons the rollout, then writes a checkpoint of the model): the exception leaves ``run``
+    only once the engine's call under way has ended (the model's own linear layers back)."""
+    import os
+    import signal
+    import threading
+
+    from rlvr.rollout.packed_linears import PackedLinear
+
+    class Stop(BaseException):
+        pass
+
+    def raise_stop(signum, frame):
+        raise Stop
+
+    tok, model = tool_model
+    slow = {"left": 1}
+
+    def hold(module, args):
+        if slow["left"]:
+            slow["left"] -= 1
+            time.sleep(3.0)
+
+    handle = model.register_forward_pre_hook(hold)
+    engine = Busy(HFEngine(model, tok))
+    runner = AgentRunner(FunctionPlayer("agent:user_agents:delayed_call", {}), tok, LIMITS, 60.0)
+    previous = signal.signal(signal.SIGUSR2, raise_stop)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2))
+    timer.start()
+    try:
+        with pytest.raises(Stop):
+            runner.run(engine, [{"prompt": "a", "answer": "1"}], SamplingParams(n=1, seed=0))
+        packed = [n for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+        running = engine.running
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, previous)
+        handle.remove()
+        runner.close()
+    assert (running, len(packed)) == (0, 0)
