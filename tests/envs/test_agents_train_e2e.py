@@ -234,3 +234,67 @@ def test_split_episodes_train_with_the_gradient_worked_by_hand(long_tiny, tmp_pa
         torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-7, msg=n)
     norm = torch.cat([g.flatten() for g in want.values()]).norm()
     assert out["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+
+
+def test_a_split_episode_pays_the_kl_of_all_its_sequences_in_its_reward(long_tiny, tmp_path):
+    """algo.kl_mode=reward subtracts beta x the KL of the policy to the reference, summed over an
+    episode's model tokens, from its reward (verl's use_kl_in_reward). An episode the agent split
+    holds model tokens in each of its sequences: its reward must pay for all of them, as the same
+    tokens in one sequence would, not only for those of its last sequence."""
+    import torch
+
+    from rlvr.algorithms import kl_estimate
+    from user_agents import reset_roles
+
+    reset_roles()
+    beta = 0.5
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={long_tiny}",
+            f"train.output_dir={tmp_path}",
+            *COMMON,
+            "algo.objective=drgrpo",
+            f"algo.beta={beta}",
+            "algo.kl_mode=reward",
+            "algo.kl_estimator=k1",
+            "model.autocast=off",
+            "env.name=agent:user_agents:roles_agent",
+            "env.max_failure_fraction=0.5",
+        ],
+    )
+    trainer = Trainer(cfg)
+    step = trainer.step_fn
+    with torch.no_grad():  # a policy away from its reference (the initial model)
+        gen = torch.Generator().manual_seed(0)
+        for p in trainer.state.model.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=gen))
+    batch = step.next_batch()
+    step.score(batch)
+    step.logprobs(batch, {})
+    comps = batch.completions
+    kl = {}  # each episode's KL, summed over the model tokens of all its sequences
+    for i, c in enumerate(comps):
+        if c.episode is None or not c.episode.turns or c.episode.failed:
+            continue
+        mask = torch.tensor(c.loss_mask, dtype=torch.float32)
+        k = kl_estimate(batch.old_logp[i], batch.ref_logp[i], "k1")
+        kl[id(c.episode)] = kl.get(id(c.episode), 0.0) + float((k * mask).sum())
+    split = next(c.episode for c in comps if c.episode is not None and c.episode.splits)
+    earlier = split.earlier[0]
+    i = next(j for j, c in enumerate(comps) if c is earlier)
+    assert float(batch.old_logp[i][: len(earlier.loss_mask)].abs().sum()) > 0
+    width = batch.group_size
+    want = []
+    for r in range(len(comps) // width):
+        row = comps[r * width : (r + 1) * width]
+        eps = {id(c.episode): c.episode for c in row if c.episode is not None and c.episode.turns}
+        ok = [e for e in eps.values() if not e.failed]
+        scores = {id(e): e.env_reward - beta * kl[id(e)] for e in ok}
+        mean = sum(scores.values()) / len(ok)
+        for c in row:
+            e = c.episode
+            good = e is not None and e.turns and not e.failed
+            want.append(scores[id(e)] - mean if good else 0.0)
+    step.prepare(batch)
+    assert batch.advantages.tolist() == pytest.approx(want, abs=1e-5)
