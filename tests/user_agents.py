@@ -86,3 +86,51 @@ def sometimes_hangs(base_url: str, row: dict) -> float:
     if int(row["answer"]) % 2 == 0:
         _HANG.wait(3600)
     return float(len(out.choices[0].message.content or "") % 2)
+
+
+def delayed_call(base_url: str, row: dict) -> float:
+    """One request, sent ``row["delay"]`` seconds after the episode starts."""
+    import time
+
+    time.sleep(float(row.get("delay", 0)))
+    out = _client(base_url).chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": row["prompt"]}], max_tokens=6
+    )
+    return float(len(out.choices[0].message.content or "") % 2)
+
+
+_ROLES: dict[str, int] = {}  # episodes started per prompt
+_FIRST: list[str] = []  # prompts in the order their first episode started
+_ROLES_LOCK = threading.Lock()
+
+
+def reset_roles() -> None:
+    with _ROLES_LOCK:
+        _ROLES.clear()
+        _FIRST.clear()
+
+
+def roles_agent(base_url: str, row: dict) -> float:
+    """Episodes of known shapes for a worked example (groups of 3). The first prompt to start:
+    its first episode makes a second request with a new history (split: two sequences) and
+    earns 1, its second plays once and earns 0, its third raises after one request (failed).
+    Every other prompt: three one-call episodes earning 0, 0.5, 1."""
+    with _ROLES_LOCK:
+        if row["prompt"] not in _ROLES:
+            _ROLES[row["prompt"]] = 0
+            _FIRST.append(row["prompt"])
+        k = _ROLES[row["prompt"]] % 3
+        _ROLES[row["prompt"]] += 1
+        first = _FIRST[0] == row["prompt"]
+    client = _client(base_url)
+    msgs = [{"role": "user", "content": row["prompt"]}]
+    client.chat.completions.create(model="policy", messages=msgs, max_tokens=4)
+    if not first:
+        return [0.0, 0.5, 1.0][k]
+    if k == 0:
+        again = [{"role": "user", "content": "Once more."}]
+        client.chat.completions.create(model="policy", messages=again, max_tokens=4)
+        return 1.0
+    if k == 2:
+        raise RuntimeError("the agent broke")
+    return 0.0

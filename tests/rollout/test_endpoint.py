@@ -271,3 +271,102 @@ def test_many_agents_connecting_at_once_are_all_served(tiny_tokenizer):
     finally:
         ep.close()
     assert errors == []
+
+
+class Busy:
+    """The hf engine, counting the generate calls under way and when each started and ended."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.running, self.spans = engine, 0, []
+        self.policy_version = 0
+
+    def generate(self, prompt_ids, params, vision=None):
+        start = time.monotonic()
+        self.running += 1
+        try:
+            return self.engine.generate(prompt_ids, params)
+        finally:
+            self.running -= 1
+            self.spans.append((start, time.monotonic()))
+
+
+def test_no_generation_outlives_the_agents_step(tool_model):
+    """An agent timed out while its request is in the engine: the trainer's next phases (the
+    update, a checkpoint) use the model the hf engine decodes with, so ``run`` must not return
+    while a generate call is under way (the hf engine swaps the model's linear layers for packed
+    copies while it decodes: a forward then gets no gradient, a state dict other names), and a
+    request of an ended episode still queued must never reach the engine."""
+    from rlvr.rollout.packed_linears import PackedLinear
+
+    tok, model = tool_model
+    slow = {"left": 1}
+
+    def hold(module, args):  # the first forward of the first generate call takes 3 s
+        if slow["left"]:
+            slow["left"] -= 1
+            time.sleep(3.0)
+
+    handle = model.register_forward_pre_hook(hold)
+    engine = Busy(HFEngine(model, tok))
+    runner = AgentRunner(FunctionPlayer("agent:user_agents:delayed_call", {}), tok, LIMITS, 1.0)
+    # the first episode's request is in the engine at the timeout, the second's waits behind it
+    rows = [
+        {"prompt": "a", "answer": "1", "delay": 0},
+        {"prompt": "b", "answer": "1", "delay": 0.5},
+    ]
+    try:
+        _, _, groups = runner.run(engine, rows, SamplingParams(n=1, seed=0))
+        returned = time.monotonic()
+        packed = [n for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+        running = engine.running
+        time.sleep(4.0)  # what the endpoint does after run() returned
+    finally:
+        handle.remove()
+        runner.close()
+    assert (running, len(packed)) == (0, 0)
+    assert all(start < returned for start, _ in engine.spans)
+    assert len(engine.spans) == 1  # the ended episode's queued request was dropped
+    assert all("timed out after 1.0 s" in g[0].episode.failed for g in groups)
+
+
+def test_a_stop_signal_in_the_agents_step_leaves_no_generation_under_way(tool_model):
+    """A stop signal raises in the main thread while the agents play (the trainer's handler
+    abandons the rollout, then writes a checkpoint of the model): the exception leaves ``run``
+    only once the engine's call under way has ended (the model's own linear layers back)."""
+    import os
+    import signal
+    import threading
+
+    from rlvr.rollout.packed_linears import PackedLinear
+
+    class Stop(BaseException):
+        pass
+
+    def raise_stop(signum, frame):
+        raise Stop
+
+    tok, model = tool_model
+    slow = {"left": 1}
+
+    def hold(module, args):
+        if slow["left"]:
+            slow["left"] -= 1
+            time.sleep(3.0)
+
+    handle = model.register_forward_pre_hook(hold)
+    engine = Busy(HFEngine(model, tok))
+    runner = AgentRunner(FunctionPlayer("agent:user_agents:delayed_call", {}), tok, LIMITS, 60.0)
+    previous = signal.signal(signal.SIGUSR2, raise_stop)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR2))
+    timer.start()
+    try:
+        with pytest.raises(Stop):
+            runner.run(engine, [{"prompt": "a", "answer": "1"}], SamplingParams(n=1, seed=0))
+        packed = [n for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+        running = engine.running
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, previous)
+        handle.remove()
+        runner.close()
+    assert (running, len(packed)) == (0, 0)

@@ -215,8 +215,13 @@ class AgentRunner:
         ep = self._endpoint(engine, params)
         opened = [[ep.open() for _ in range(params.n)] for _ in rows]
         urls = [[u for u, _ in row] for row in opened]
-        outcomes = self.player.play(rows, urls, self.timeout_s)
-        logs = [ep.finish(log.key) for row in opened for _, log in row]
+        try:
+            outcomes = self.player.play(rows, urls, self.timeout_s)
+        finally:  # also when a stop signal ends the step: a checkpoint is written next
+            logs = [ep.finish(log.key) for row in opened for _, log in row]
+            # an agent timed out with its request in the engine: the engine is the trainer's
+            # (the hf engine's module, vLLM's weights to sync), so the step waits for that call
+            ep.wait_idle()
         groups: list[list[Completion]] = [[] for _ in rows]
         prompts: list[list[int] | None] = [None] * len(rows)
         for k, (log, out) in enumerate(zip(logs, outcomes, strict=True)):

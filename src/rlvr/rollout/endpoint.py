@@ -134,6 +134,7 @@ class _Pending:
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
     error: str = ""
+    ended: bool = False  # refused: its episode ended before the engine served it
 
 
 class Endpoint:
@@ -158,6 +159,7 @@ class Endpoint:
         self._queue: list[_Pending] = []
         self._cv = threading.Condition()
         self._closed = False
+        self._serving = False  # the batch loop is in engine.generate
         self._seed_counter = 0
         self.generate_calls = 0  # engine.generate calls made (batching shows in it)
         self._server = _Server(("127.0.0.1", 0), _handler(self))
@@ -188,11 +190,28 @@ class Endpoint:
         return f"http://127.0.0.1:{self.port}/episodes/{key}/v1", log
 
     def finish(self, key: str) -> EpisodeLog:
-        """The episode ends: later requests to it are refused (an agent past its time)."""
+        """The episode ends: later requests to it are refused (an agent past its time), and its
+        requests still waiting for the engine are refused, never generated."""
         with self._cv:
             self._open.discard(key)
+            kept = []
+            for p in self._queue:
+                if p.episode.key == key:
+                    p.error, p.ended = f"episode {key!r} has ended", True
+                    p.done.set()
+                else:
+                    kept.append(p)
+            self._queue = kept
             self._cv.notify_all()
             return self.episodes.pop(key)
+
+    def wait_idle(self) -> None:
+        """Until no engine.generate call of the endpoint is under way. The engine may be the
+        trainer's own module (the hf engine decodes with it, its linear layers swapped for packed
+        copies meanwhile): the step goes on to the update or a checkpoint only after this."""
+        with self._cv:
+            while self._serving:
+                self._cv.wait()
 
     def close(self) -> None:
         with self._cv:
@@ -318,6 +337,8 @@ class Endpoint:
             self._queue.append(pending)
             self._cv.notify_all()
         pending.done.wait()
+        if pending.ended:
+            raise RequestError(pending.error)
         if pending.error:
             raise RuntimeError(pending.error)
         comp = pending.result
@@ -360,7 +381,13 @@ class Endpoint:
                     self._cv.wait(left)
                 batch, self._queue = self._queue, []
                 params = self.params
-            self._serve(batch, params)
+                self._serving = True
+            try:
+                self._serve(batch, params)
+            finally:
+                with self._cv:
+                    self._serving = False
+                    self._cv.notify_all()
 
     def _serve(self, batch: list[_Pending], params: SamplingParams) -> None:
         by_shape: dict[tuple, list[_Pending]] = {}
