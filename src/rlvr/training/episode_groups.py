@@ -59,6 +59,19 @@ def mask_fillers(batch: RolloutBatch) -> None:
     batch.scores = torch.where(batch.valid, batch.scores, torch.zeros_like(batch.scores))
 
 
+def episode_sums(batch: RolloutBatch, values: torch.Tensor) -> torch.Tensor:
+    """``values`` ``[P, G]`` (one per sequence) with each episode's sequences given the sum over
+    them: a per-token quantity summed over a sequence (the KL that ``algo.kl_mode=reward`` takes
+    from the reward) sums over the episode's model tokens, in whichever sequence they lie."""
+    if batch.episode_of is None:
+        return values
+    flat = values.reshape(-1)
+    of = torch.tensor(batch.episode_of)
+    live = of >= 0
+    total = torch.zeros_like(flat).index_add_(0, of[live], flat[live])
+    return torch.where(live, total[of.clamp(min=0)], flat).view_as(values)
+
+
 def prepare_by_episode(batch: RolloutBatch, prepare) -> dict:
     """``prepare(batch)`` (the objective's) over the episodes' own sequences, then each earlier
     sequence given its episode's advantage."""

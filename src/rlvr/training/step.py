@@ -25,7 +25,13 @@ from rlvr.rewards.runner import BatchRewards
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.episodes import check_env_failures, episode_scores
 from rlvr.training.dynamic_sampling import assemble, count_informative
-from rlvr.training.episode_groups import episode_view, lay_out, mask_fillers, prepare_by_episode
+from rlvr.training.episode_groups import (
+    episode_sums,
+    episode_view,
+    lay_out,
+    mask_fillers,
+    prepare_by_episode,
+)
 from rlvr.training.overlap import Lookahead, staleness_stats, stamp_version, sync_engine
 from rlvr.training.preempt import StopSignals
 from rlvr.training.rollout_correction import correction_weights
@@ -365,9 +371,9 @@ class Step:
         then statistics of the advantages the loss really uses."""
         a = self.cfg.algo
         if a.kl_mode == "reward" and batch.ref_logp is not None and self.state.kl_ctl.value > 0:
-            batch.scores = batch.scores - self.state.kl_ctl.value * kl_penalty(
-                batch, a.kl_estimator
-            )
+            # an agent's split episode pays the KL of all its sequences' model tokens
+            pen = episode_sums(batch, kl_penalty(batch, a.kl_estimator))
+            batch.scores = batch.scores - self.state.kl_ctl.value * pen
         rc = a.correction()
         tis = correction_weights(batch, rc) if rc is not None else {}
         stats = prepare_by_episode(batch, self.run.objective.prepare)
