@@ -9,8 +9,11 @@ rlvr.rollout.agents), its last user message as ``prompt`` (logs, samples) and ``
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 PREFIX = "verifiers:"
@@ -20,12 +23,36 @@ def is_verifiers_task(name: str) -> bool:
     return name.startswith(PREFIX)
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """verifiers' Environment sets its own SIGINT and SIGTERM handlers when it is built (a
+    teardown, then exit(143)): in the trainer they would replace the stop-signal handlers that
+    write a checkpoint within train.stop_grace_s (rlvr.training.preempt)."""
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(s, handler)
+
+
+def load_environment(module: str, kwargs: dict) -> Any:
+    """``module.load_environment(**kwargs)`` (verifiers' convention), the process's signal
+    handlers as they were. Raises ImportError, AttributeError (no load_environment) or what the
+    module's function raises."""
+    mod = importlib.import_module(module)
+    load = mod.load_environment
+    with _signal_handlers_kept():
+        return load(**kwargs)
+
+
 def verifiers_rows(
     task: str, *, num_train: int, num_eval: int, seed: int, **kwargs: Any
 ) -> tuple[list[dict], list[dict]]:
     module = task[len(PREFIX) :]
     try:
-        env = importlib.import_module(module).load_environment(**kwargs)
+        env = load_environment(module, kwargs)
     except (ImportError, AttributeError, TypeError) as exc:
         raise ValueError(f"data.task={task!r}: {type(exc).__name__}: {exc}") from exc
     train = env.get_dataset(seed=seed)

@@ -31,6 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rlvr.data.verifiers_rows import load_environment
 from rlvr.envs.contain import Outcome, call_all
 from rlvr.rewards.sandbox import resolve_target
 from rlvr.rollout.base import Completion, EpisodeInfo, SamplingParams
@@ -157,11 +158,10 @@ def load_verifiers_environment(module: str, kwargs: dict):
         mod = importlib.import_module(module)
     except ImportError as exc:
         raise ValueError(f"env.name=verifiers:{module}: {exc}") from exc
-    load = getattr(mod, "load_environment", None)
-    if not callable(load):
+    if not callable(getattr(mod, "load_environment", None)):
         raise ValueError(f"env.name=verifiers:{module}: the module has no load_environment()")
     try:
-        return load(**kwargs)
+        return load_environment(module, kwargs)
     except TypeError as exc:
         raise ValueError(f"env.kwargs for env.name=verifiers:{module}: {exc}") from exc
 
