@@ -105,6 +105,47 @@ def test_the_dry_run_calls_the_reward_and_fails_on_a_wrong_signature(
     assert "end with **kwargs" in proc.stdout
 
 
+def test_the_dry_run_names_the_fields_a_reward_is_really_called_with(
+    tiny_model_dir, tmp_path
+) -> None:
+    """The fields listed are the keyword arguments the call passes: the row's answer is one,
+    its prompt is not (it is the first positional argument)."""
+    proc = _dry(tmp_path, tiny_model_dir, NARROW, script=False)
+    listed = proc.stdout.partition("with this row's fields (")[2].partition(")")[0].split(", ")
+    assert {"question", "answer", "level", "truncated"} <= set(listed), proc.stdout[-2000:]
+    assert "prompt" not in listed
+
+
+@pytest.mark.parametrize(
+    "returned, said",
+    [
+        ("None", "returned NoneType"),
+        ("'1.0'", "returned str"),
+        ("[1.0]", "returned list"),  # TRL's batch rewards return one list per batch
+        ("float('nan')", "non-finite"),
+    ],
+)
+def test_the_dry_run_refuses_a_reward_that_returns_no_number(
+    tiny_model_dir, tmp_path, returned: str, said: str
+) -> None:
+    reward = f"def score(prompt, response, reference, **fields):\n    return {returned}\n"
+    proc = _dry(tmp_path, tiny_model_dir, reward, script=False)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "config problem: reward.specs[0] (my_reward:score)" in proc.stdout
+    assert said in proc.stdout and "a reward returns a float" in proc.stdout
+
+
+def test_the_dry_run_says_what_the_reward_returned_or_raised(tiny_model_dir, tmp_path) -> None:
+    proc = _dry(tmp_path, tiny_model_dir, REWARD, script=False)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "reward check: reward.specs[0] (my_reward:score) on train.jsonl:1" in proc.stdout
+    assert "returned 1.0" in proc.stdout
+    raises = "def score(prompt, response, reference, **fields):\n    return fields['solution']\n"
+    proc = _dry(tmp_path, tiny_model_dir, raises, script=False)
+    assert "reward check: reward.specs[0] (my_reward:score)" in proc.stdout, proc.stdout[-2000:]
+    assert "KeyError: 'solution'" in proc.stdout
+
+
 def test_a_reward_module_that_is_not_found_says_where_python_looked(tmp_path, capsys) -> None:
     code = main(
         [
