@@ -60,11 +60,30 @@ __all__ = [
     "RewardRunner",
     "RewardSpec",
     "builtin_reward_names",
+    "is_return_error",
+    "reward_kwargs",
     "resolve_reward_names",
     "validate_reward_spec",
 ]
 
 _RESERVED_ROW_KEYS = ("prompt", "response", "reference", "truncated")
+# How _coerce's messages begin: a reward that returned something other than a finite number.
+_RETURN_ERRORS = ("returned ", "info")
+
+
+def reward_kwargs(row: dict[str, Any], truncated: bool) -> dict[str, Any]:
+    """The keyword arguments a reward is called with for ``row``: the row's fields but its
+    prompt/response/reference/truncated, then ``truncated`` (a spec's kwargs come on top)."""
+    return {
+        **{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS},
+        "truncated": bool(truncated),
+    }
+
+
+def is_return_error(error: str) -> bool:
+    """True when a completion's error (``BatchRewards.error``) says a reward returned no finite
+    number (None, a string, a list, NaN), not that it raised."""
+    return error.partition(": ")[2].startswith(_RETURN_ERRORS)
 
 
 class RewardFailureError(RuntimeError):
@@ -336,10 +355,7 @@ class RewardRunner:
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
                 raise ValueError(f"rows[{i}] must be a dict, got {type(row).__name__}")
-        kwargs_per_sample = [
-            {**{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS}, "truncated": bool(t)}
-            for row, t in zip(rows, truncated, strict=True)
-        ]
+        kwargs_per_sample = [reward_kwargs(row, t) for row, t in zip(rows, truncated, strict=True)]
         # the small epsilon keeps e.g. 0.7 * 90 = 62.99999999999999 at 63 allowed failures
         max_failures = math.floor(self.max_failure_fraction * count + 1e-9)
         outcomes: dict[str, list[CallOutcome]] = {}
