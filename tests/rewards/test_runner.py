@@ -253,3 +253,23 @@ def test_psgrpo_builtin_with_a_user_prm(tmp_path, monkeypatch) -> None:
     # steady scores have no drop moment: right -> 1.0, wrong -> 0.0
     assert out.scores == [1.0, 0.0]
     assert out.infos[0]["step_count"] == 2.0 and out.infos[0]["has_drop_moment"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [  # a file path (verl's custom_reward_function.path) is answered with its module form
+        ("rewards/my_reward.py:score", "did you mean 'rewards.my_reward:score'?"),
+        ("my_reward.py:score", "did you mean 'my_reward:score'?"),
+        ("./rewards/my_reward.py:score", "did you mean 'rewards.my_reward:score'?"),
+        ("maths", "did you mean 'math'?"),  # a built-in's near-miss, not only the list
+    ],
+)
+def test_a_reward_named_like_a_file_or_a_typo_gets_its_spelling(name: str, said: str) -> None:
+    with pytest.raises(ValueError) as err:
+        validate_reward_spec({"name": name})
+    assert said in str(err.value)
+
+
+def test_a_misspelt_function_gets_the_one_its_module_has(user_module) -> None:
+    with pytest.raises(ValueError, match=r"has no attribute 'quartre'.*did you mean 'quarter'\?"):
+        validate_reward_spec({"name": f"{user_module}:quartre"})
