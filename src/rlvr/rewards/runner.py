@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rlvr.config.peer_names import near_miss
 from rlvr.config.reward import RewardSpec
 from rlvr.rewards import symbolic
 from rlvr.rewards.base import RewardResult
@@ -103,7 +104,7 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
             f"reward {name!r}: cannot import module {module_name!r} ({exc}); {_where_looked()}"
         ) from exc
     except AttributeError as exc:
-        raise ValueError(f"reward {name!r}: {exc}") from exc
+        raise ValueError(f"reward {name!r}: {exc}{_function_hint(name)}") from exc
     except Exception as exc:  # the module itself raised while importing
         raise ValueError(
             f"reward {name!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
@@ -111,6 +112,27 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"reward {name!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _function_hint(name: str) -> str:
+    """'; did you mean ...' when the module has a function the name misspells."""
+    module_name, _, attr = name.partition(":")
+    try:
+        module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+    close = near_miss(attr, functions)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def _module_form(name: str) -> str | None:
+    """'pkg.mod:function' for a reward named by its file ('pkg/mod.py:function'), else None."""
+    path, sep, function = name.rpartition(":")
+    if not sep or not (path.endswith(".py") or "/" in path):
+        return None
+    module = path.removesuffix(".py").lstrip("./").replace("/", ".")
+    return f"{module}:{function}" if module and function else None
 
 
 def _where_looked() -> str:
@@ -136,6 +158,19 @@ def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
             spec = RewardSpec.model_validate(spec)
         except ValidationError as exc:
             raise ValueError(f"reward spec {spec!r} is invalid: {exc}") from exc
+    module_form = _module_form(spec.name)
+    if module_form is not None and "/" not in spec.name:  # 'pkg.py:f' may be a module 'py'
+        try:
+            _resolve_user_function(spec.name)
+            module_form = None
+        except ValueError:
+            pass
+    if module_form is not None:
+        raise ValueError(
+            f"reward spec {spec.name!r}: a reward is named by its module, not its file; did you "
+            f"mean {module_form!r}? (run rlvr from the folder above it, or put that folder on "
+            "PYTHONPATH)"
+        )
     if spec.name in POOLED_BUILTINS:
         if spec.kwargs:
             raise ValueError(
@@ -154,9 +189,12 @@ def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
     if is_user_target(spec.name):
         _resolve_user_function(spec.name)
         return
+    close = near_miss(spec.name, builtin_reward_names())
     raise ValueError(
-        f"reward spec {spec.name!r}: unknown reward; built-ins are {builtin_reward_names()}, "
-        "or name your own function as 'package.module:function'"
+        f"reward spec {spec.name!r}: unknown reward"
+        + (f" (did you mean {close!r}?)" if close else "")
+        + f"; built-ins are {builtin_reward_names()}, or name your own function as "
+        "'package.module:function'"
     )
 
 
