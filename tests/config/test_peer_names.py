@@ -181,3 +181,16 @@ def test_every_mapped_key_is_a_real_key() -> None:
 
     known = set(known_keys(Config))
     assert {key for key, _ in PEER_NAMES.values() if key is not None} <= known
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [  # a section given one value, as TRL's model= / data files are given
+        ("model=Qwen/Qwen2.5-0.5B", "did you mean 'model.name_or_path=Qwen/Qwen2.5-0.5B'?"),
+        ("data=train.jsonl", "did you mean 'data.train_path=train.jsonl'?"),
+        # TRL's reward_funcs is a list of functions; rlvr's specs are mappings
+        ("reward.specs=['my_reward:score']", "write it as {name: 'my_reward:score'}"),
+    ],
+)
+def test_a_value_where_a_mapping_belongs_says_how_to_write_it(override: str, said: str) -> None:
+    assert said in refusal(override)
