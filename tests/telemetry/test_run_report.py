@@ -305,3 +305,52 @@ def test_eval_accuracy_has_an_axis_of_its_own(tmp_path: Path) -> None:
     assert labels[2] == ["mine: heldout/greedy/mean_reply_tokens"]
     assert fig.axes[0].get_ylim() == pytest.approx((-0.02, 1.02))
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [0.25, 0.5]
+
+
+def _status(run_dir: Path, **status) -> Path:
+    (run_dir / "status.json").write_text(json.dumps({"time": 0.0, **status}))
+    return run_dir
+
+
+def _summary_row(run_dir: Path, out: Path) -> dict[str, str]:
+    summary = _parse(write_report([run_dir], out)).tables[0]
+    return dict(zip(summary[0], summary[1], strict=True))
+
+
+@pytest.mark.parametrize(
+    "status, said",
+    [
+        ({"state": "finished"}, "finished"),
+        ({"state": "failed", "error": "RuntimeError: boom", "step": 2}, "failed after step 2"),
+        ({"state": "preempted", "signal": "SIGTERM", "step": 2}, "preempted (SIGTERM)"),
+        ({"state": "interrupted", "step": 2}, "interrupted after step 2"),
+        ({"state": "stopped_by_health", "rule": "grad_spikes"}, "stopped by the health gate"),
+    ],
+)
+def test_the_first_table_says_how_the_run_ended(tmp_path: Path, status: dict, said: str) -> None:
+    run = _status(_custom_reward_run(tmp_path / "mine"), **status)
+    row = _summary_row(run, tmp_path / "out")
+    assert row["run state"].startswith(said), row
+    if status["state"] == "failed":
+        assert "RuntimeError: boom" in row["run state"]
+
+
+def test_a_run_still_running_or_killed_is_not_reported_as_done(tmp_path: Path) -> None:
+    """status.json still says running (the run goes on, or was killed with no word): the first
+    table says so, counts the steps against train.max_steps, and says that no evaluation after
+    training exists instead of showing the one before training as the last."""
+    run = _custom_reward_run(tmp_path / "mine")
+    lines = (run / "metrics.jsonl").read_text().splitlines()[:-1]  # killed during step 3
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"] = {"max_steps": 3}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    _status(run, state="running")
+    row = _summary_row(run, tmp_path / "out")
+    assert row["run state"].startswith("not finished"), row
+    assert "killed" in row["run state"]
+    assert row["steps"] == "2 of 3"
+    assert "no evaluation after training" in row["held-out: before training -> last evaluation"]
+    (run / "status.json").unlink()  # a run of an older rlvr, or a folder copied without it
+    row = _summary_row(run, tmp_path / "out2")
+    assert row["run state"] == "unknown (no status.json)"
