@@ -272,7 +272,7 @@ def test_the_report_answers_did_it_work(tmp_path: Path) -> None:
     run = _custom_reward_run(tmp_path / "mine")
     page = _parse(write_report([run], tmp_path / "out"))
     summary = page.tables[0]
-    assert summary[0][2] == "held-out: before training -> last evaluation"
+    assert summary[0][1:4] == ["run state", "steps", "held-out: before training -> last evaluation"]
     row = dict(zip(summary[0], summary[1], strict=True))
     assert row["held-out: before training -> last evaluation"] == (
         "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)"

@@ -16,7 +16,15 @@ from typing import Any
 
 from rlvr.jsonio import atomic_write_text
 from rlvr.telemetry.plots import PLOTS
-from rlvr.telemetry.report_data import ABSENT, RunData, config_diff, load_run, run_labels, series
+from rlvr.telemetry.report_data import (
+    ABSENT,
+    RunData,
+    config_diff,
+    load_run,
+    run_labels,
+    run_state,
+    series,
+)
 from rlvr.telemetry.report_eval import eval_section
 
 REPORT_FILE = "report.html"
@@ -85,11 +93,12 @@ def _eval_change(run: RunData) -> str:
     for key in keys:
         name = key.removeprefix("eval/")
         was = first.get(key) if first is not last and first.get("step") == 0 else None
-        parts.append(
-            f"{name}: {was:.3f} -> {last[key]:.3f} ({last[key] - was:+.3f})"
-            if isinstance(was, float)
-            else f"{name}: {last[key]:.3f} (step {last.get('step')})"
-        )
+        if isinstance(was, float):
+            parts.append(f"{name}: {was:.3f} -> {last[key]:.3f} ({last[key] - was:+.3f})")
+        elif last.get("step") == 0:
+            parts.append(f"{name}: {last[key]:.3f} before training; no evaluation after training")
+        else:
+            parts.append(f"{name}: {last[key]:.3f} (step {last.get('step')})")
     return "; ".join(parts)
 
 
@@ -111,11 +120,13 @@ def _summary_section(runs: Sequence[RunData]) -> str:
     for run in runs:
         steps, _ = series(run.metrics, "step")
         trained = int(steps.max()) if len(steps) else 0
+        planned = (run.config or {}).get("train.max_steps")
         _, trunc = series(run.metrics, "truncation_rate")
-        status = (run.health or {}).get("status", "no health record")
+        status = (run.health or {}).get("status", "no health event")
         cells = [
             run.label,
-            str(trained),
+            run_state(run.status),
+            f"{trained} of {planned}" if isinstance(planned, int) else str(trained),
             _eval_change(run),
             _first_last(run, "reward_mean"),
             _first_last(run, "correct"),
@@ -128,6 +139,7 @@ def _summary_section(runs: Sequence[RunData]) -> str:
         f"<th>{_e(c)}</th>"
         for c in (
             "run",
+            "run state",
             "steps",
             "held-out: before training -> last evaluation",
             "reward_mean: first -> last steps",
