@@ -54,6 +54,21 @@ def test_rlvr_config_shows_a_configs_values_with_their_defaults(capsys) -> None:
     assert 'data.task = "file"   (default "arithmetic")' in out
 
 
+def test_rlvr_config_shows_the_values_the_run_uses_not_the_sections_defaults(capsys) -> None:
+    """An objective's own defaults (GSPO's clip) and the rollout correction an off-policy run
+    gets are what the run trains with: `rlvr config` used to print clip 0.2 and level off."""
+    assert main(["config", "algo.objective=gspo"]) == 0
+    out = capsys.readouterr().out
+    assert "algo.clip_low = 0.0003   (default 0.2)" in out
+    assert "# algo.objective=gspo's default: algo.clip_low=0.0003" in out
+    assert main(["config", "rollout.max_staleness=1"]) == 0
+    out = capsys.readouterr().out
+    assert 'algo.rollout_correction.level = "token"   (default "off")' in out
+    assert "# off-policy rollouts' default: algo.rollout_correction.level=token" in out
+    assert main(["config", "algo.objective=gspo", "algo.clip_low=0.1"]) == 0
+    assert "algo.clip_low = 0.1   (default 0.2)" in capsys.readouterr().out  # yours is kept
+
+
 REWARD = "def score(prompt, response, reference, level, **fields):\n    return 1.0\n"
 NARROW = "def score(prompt, response, reference):\n    return 1.0\n"
 
