@@ -211,9 +211,16 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.markdown:
         print(reference_markdown(), end="")
         return 0
+    from rlvr.training.preflight.checks import apply_engine_defaults, apply_objective_defaults
+
     cfg = load_config(args.config, args.overrides)
     for note in cfg.inferred().values():
         print(f"# inferred: {note}")
+    # what the run trains with where the config leaves a knob to the objective or the engine
+    for key, value in apply_objective_defaults(cfg).items():
+        print(f"# algo.objective={cfg.algo.objective}'s default: {key}={value:g}")
+    for key, value in apply_engine_defaults(cfg).items():
+        print(f"# off-policy rollouts' default: {key}={value}")
     print(reference_text(cfg))
     return 0
 
