@@ -354,3 +354,17 @@ def test_a_run_still_running_or_killed_is_not_reported_as_done(tmp_path: Path) -
     (run / "status.json").unlink()  # a run of an older rlvr, or a folder copied without it
     row = _summary_row(run, tmp_path / "out2")
     assert row["run state"] == "unknown (no status.json)"
+
+
+def test_held_out_gradings_that_raised_are_on_the_first_page(tmp_path: Path) -> None:
+    """A reward that raises on held-out rows counts them wrong: the score alone (0.250 ->
+    0.500) read as the model's, with 'reward failures: none' when training never raised."""
+    run = _custom_reward_run(tmp_path / "mine")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        m["reward_failure_rate"] = 0.0
+        if "eval/heldout/greedy_pass@1" in m:
+            m["eval/heldout/greedy/reward_failed_frac"] = 0.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    row = _summary_row(run, tmp_path / "out")
+    assert "held-out heldout/greedy: 50% of gradings raised" in row["reward failures"], row
