@@ -103,14 +103,26 @@ def _eval_change(run: RunData) -> str:
 
 
 def _failures(run: RunData) -> str:
+    """Training replies whose reward raised, and held-out gradings that raised at the last
+    evaluation (graded wrong: the held-out score counts them as wrong answers)."""
+    parts = []
     steps, rates = series(run.metrics, "reward_failure_rate")
-    if not len(rates) or not rates.max() > 0:
-        return "none"
-    worst = int(rates.argmax())
-    return (
-        f"{rates.mean():.0%} of replies (at most {rates[worst]:.0%}, step {int(steps[worst])}): "
-        "their messages are in samples/ ('reward_error')"
-    )
+    if len(rates) and rates.max() > 0:
+        worst = int(rates.argmax())
+        parts.append(
+            f"{rates.mean():.0%} of replies (at most {rates[worst]:.0%}, step "
+            f"{int(steps[worst])}): their messages are in samples/ ('reward_error')"
+        )
+    evals = [m for m in run.metrics if any(k.startswith("eval/") for k in m)]
+    last = evals[-1] if evals else {}
+    for key, value in last.items():
+        if key.startswith("eval/") and key.endswith("/reward_failed_frac") and value:
+            where = key.removeprefix("eval/").removesuffix("/reward_failed_frac")
+            parts.append(
+                f"held-out {where}: {value:.0%} of gradings raised at the last evaluation "
+                "(graded wrong; their messages: eval/step_N.json 'reward_errors')"
+            )
+    return "; ".join(parts) or "none"
 
 
 def _summary_section(runs: Sequence[RunData]) -> str:
