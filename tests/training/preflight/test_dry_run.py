@@ -198,3 +198,19 @@ def test_a_dry_run_with_no_route_to_the_hub_goes_offline_at_once(tmp_path: Path)
     assert "not checked: data not read" in out
     assert "steps: 500 (epochs not known: the train rows were not read)" in out
     assert "epochs over the train rows" not in out
+
+
+def test_dry_run_fails_where_the_run_would_refuse_its_directory(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Running the README's commands a second time: the dry run said OK, then `rlvr train`
+    refused at once ('run directory ... already holds a run')."""
+    from rlvr.cli.main import main
+
+    old = tmp_path / "runs" / "mine"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(_dry(tiny_model_dir, tmp_path, "train.run_name=mine")) == 2
+    out = capsys.readouterr().out
+    assert f"config problem: run directory {old} already holds a run" in out
+    assert main([*_dry(tiny_model_dir, tmp_path, "train.run_name=other")]) == 0
