@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         from rlvr.training.preflight.dry_run import run_dry
 
-        return run_dry(cfg)
+        return run_dry(cfg, resuming=args.resume is not None)
     # before torch is imported: the restart (if any) does not pay for it twice
     _start_with_allocator(args, cfg.train.allocator)
     from rlvr.telemetry.health import HealthStop

@@ -11,6 +11,7 @@ silently.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
@@ -29,7 +30,7 @@ from rlvr.rewards.registry import is_user_target
 from rlvr.rewards.runner import RewardRunner, is_return_error, reward_kwargs
 from rlvr.rollout.agents import is_agent_env
 from rlvr.rollout.episodes import EpisodeRunner
-from rlvr.training.preflight.checks import config_problems
+from rlvr.training.preflight.checks import config_problems, run_dir_taken
 from rlvr.training.preflight.prompts import prompt_lengths, too_long
 from rlvr.training.schedule import format_preflight, run_preflight
 
@@ -150,10 +151,14 @@ def reward_call_problems(cfg: Config, row: dict, checks: list[str] | None = None
     return out
 
 
-def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
-    """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
+def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False) -> Plan:
+    """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input.
+    A fresh run (not ``resuming``) named after a run directory that holds a run fails, as
+    `rlvr train` would at once."""
 
     problems = config_problems(cfg)
+    if not resuming and (taken := run_dir_taken(Path(cfg.train.output_dir) / cfg.run_name())):
+        problems.append(taken)
     unchecked: list[str] = []
     try:
         train, evals = load_rows_for(cfg)
@@ -260,8 +265,8 @@ def format_plan(cfg: Config, plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def run_dry(cfg: Config) -> int:
+def run_dry(cfg: Config, *, resuming: bool = False) -> int:
     """Print the plan; 0 when it passes every check, 2 otherwise."""
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, resuming=resuming)
     print(format_plan(cfg, plan), flush=True)
     return 0 if plan.ok else 2
