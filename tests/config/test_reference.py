@@ -54,6 +54,16 @@ def test_rlvr_config_shows_a_configs_values_with_their_defaults(capsys) -> None:
     assert 'data.task = "file"   (default "arithmetic")' in out
 
 
+def test_a_default_list_of_sections_is_written_as_a_config_takes_it(capsys) -> None:
+    """eval.modes' default read ["kind='greedy' k=None ..."] (a Python repr, not YAML), and
+    `rlvr config` marked the untouched value as differing from it."""
+    modes = '[{"kind": "greedy", "k": null, "temperature": null, "top_p": 1.0}]'
+    rows = {key: default for key, default, _, _ in reference_rows()}
+    assert rows["eval.modes"] == modes
+    assert main(["config"]) == 0
+    assert f"eval.modes = {modes}\n" in capsys.readouterr().out
+
+
 def test_rlvr_config_shows_the_values_the_run_uses_not_the_sections_defaults(capsys) -> None:
     """An objective's own defaults (GSPO's clip) and the rollout correction an off-policy run
     gets are what the run trains with: `rlvr config` used to print clip 0.2 and level off."""
