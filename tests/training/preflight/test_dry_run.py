@@ -214,3 +214,18 @@ def test_dry_run_fails_where_the_run_would_refuse_its_directory(
     out = capsys.readouterr().out
     assert f"config problem: run directory {old} already holds a run" in out
     assert main([*_dry(tiny_model_dir, tmp_path, "train.run_name=other")]) == 0
+
+
+def test_a_held_out_file_alone_says_what_to_do_and_nothing_else(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.eval_path alone (train on the built-in task, grade on my file?) got 'data.task=file
+    needs data.train_path' and a second problem 'data not read: None: no such file'."""
+    from rlvr.cli.main import main
+
+    held = _write_rows(tmp_path / "heldout.jsonl", ["1+1"])
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.eval_path={held}")) == 2
+    out = capsys.readouterr().out
+    assert "None" not in out.partition("config problem")[2], out
+    assert "data.task=file needs data.train_path" in out
+    assert "eval.sets=[{name: heldout, path: " in out  # the built-in task, graded on the file
