@@ -167,7 +167,9 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False
         unchecked.append(f"data not read: {exc}")
     except DataError as exc:  # a missing local folder is already a problem; print the rest
         train, evals = [], []
-        if not any(p.startswith(("data.train_path", "data.eval_path")) for p in problems):
+        if not any(
+            p.startswith(("data.train_path", "data.eval_path", "data.task")) for p in problems
+        ):
             problems.append(f"data not read: {exc}")
     a, t, d = cfg.algo, cfg.train, cfg.data
     sequences = cfg.rollout_batch_sequences()
