@@ -368,3 +368,12 @@ def test_held_out_gradings_that_raised_are_on_the_first_page(tmp_path: Path) -> 
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     row = _summary_row(run, tmp_path / "out")
     assert "held-out heldout/greedy: 50% of gradings raised" in row["reward failures"], row
+
+
+def test_the_held_out_change_is_shown_beside_its_cut_replies(tmp_path: Path) -> None:
+    """A held-out score over replies cut at the token limit measures the limit as much as the
+    model: the first table put 0.250 -> 0.500 alone, the cut share only in a later table."""
+    row = _summary_row(_custom_reward_run(tmp_path / "mine"), tmp_path / "out")
+    cell = row["held-out: before training -> last evaluation"]
+    assert cell.startswith("heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)")
+    assert "heldout/greedy replies cut at the token limit: 75% -> 50%" in cell
