@@ -275,7 +275,8 @@ def test_the_report_answers_did_it_work(tmp_path: Path) -> None:
     assert summary[0][1:4] == ["run state", "steps", "held-out: before training -> last evaluation"]
     row = dict(zip(summary[0], summary[1], strict=True))
     assert row["held-out: before training -> last evaluation"] == (
-        "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)"
+        "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250); "
+        "heldout/greedy replies cut at the token limit: 75% -> 50%"
     )
     assert row["reward_mean: first -> last steps"] == "0.2 -> 0.5"  # k = min(3, 3 // 2) = 1
     assert row["reward failures"].startswith("8% of replies (at most 25%, step 2)")

@@ -99,6 +99,14 @@ def _eval_change(run: RunData) -> str:
             parts.append(f"{name}: {last[key]:.3f} before training; no evaluation after training")
         else:
             parts.append(f"{name}: {last[key]:.3f} (step {last.get('step')})")
+    for key, now in last.items():  # each score beside its replies cut at the token limit
+        if not (key.startswith("eval/") and key.endswith("/truncated_frac")):
+            continue
+        name = key.removeprefix("eval/").removesuffix("/truncated_frac")
+        was = first.get(key) if first is not last and first.get("step") == 0 else None
+        if now or was:
+            cut = f"{was:.0%} -> {now:.0%}" if isinstance(was, float) else f"{now:.0%}"
+            parts.append(f"{name} replies cut at the token limit: {cut}")
     return "; ".join(parts)
 
 
