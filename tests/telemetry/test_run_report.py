@@ -378,3 +378,20 @@ def test_the_held_out_change_is_shown_beside_its_cut_replies(tmp_path: Path) -> 
     cell = row["held-out: before training -> last evaluation"]
     assert cell.startswith("heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)")
     assert "heldout/greedy replies cut at the token limit: 75% -> 50%" in cell
+
+
+def test_rlvr_report_prints_the_first_table(tmp_path: Path, capsys) -> None:
+    """On a machine reached over ssh the HTML is a download away: `rlvr report` printed only
+    its path. It prints the "Did it work?" table too, one block per run."""
+    from rlvr.cli.main import main
+
+    run = _status(_custom_reward_run(tmp_path / "mine"), state="finished")
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Did it work?\nmine: finished, 3 steps\n"), out
+    assert (
+        "  held-out: before training -> last evaluation: heldout/greedy_pass@1: 0.250 -> 0.500"
+        in out
+    )
+    assert "  reward_mean: first -> last steps: 0.2 -> 0.5\n" in out
+    assert out.rstrip().endswith(f"report: {tmp_path / 'out' / 'report.html'}")
