@@ -187,10 +187,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rlvr.telemetry.report import write_report
+    from rlvr.telemetry.report import SUMMARY_FILE, write_report
 
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
     html = write_report([Path(d) for d in args.run_dirs], out)
+    print((out / SUMMARY_FILE).read_text(), end="")  # the first table: did it work?
     print(f"report: {html}")
     return 0
 

@@ -133,9 +133,23 @@ def _failures(run: RunData) -> str:
     return "; ".join(parts) or "none"
 
 
-def _summary_section(runs: Sequence[RunData]) -> str:
-    """Did it work? Per run: held-out scores before -> after, the training reward's start ->
-    end, reward failures, truncation, health."""
+SUMMARY_COLUMNS = (
+    "run",
+    "run state",
+    "steps",
+    "held-out: before training -> last evaluation",
+    "reward_mean: first -> last steps",
+    "correct: first -> last steps",
+    "reward failures",
+    "truncated (last step)",
+    "health",
+)
+SUMMARY_FILE = "did_it_work.txt"  # the first table as text, beside report.html
+
+
+def _summary_rows(runs: Sequence[RunData]) -> list[list[str]]:
+    """Did it work? Per run (SUMMARY_COLUMNS): how it ended, its steps, held-out scores before
+    -> after, the training reward's start -> end, reward failures, truncation, health."""
     rows = []
     for run in runs:
         steps, _ = series(run.metrics, "step")
@@ -143,32 +157,39 @@ def _summary_section(runs: Sequence[RunData]) -> str:
         planned = (run.config or {}).get("train.max_steps")
         _, trunc = series(run.metrics, "truncation_rate")
         status = (run.health or {}).get("status", "no health event")
-        cells = [
-            run.label,
-            run_state(run.status),
-            f"{trained} of {planned}" if isinstance(planned, int) else str(trained),
-            _eval_change(run),
-            _first_last(run, "reward_mean"),
-            _first_last(run, "correct"),
-            _failures(run),
-            f"{trunc[-1]:.0%}" if len(trunc) else "-",
-            status,
-        ]
-        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
-    head = "".join(
-        f"<th>{_e(c)}</th>"
-        for c in (
-            "run",
-            "run state",
-            "steps",
-            "held-out: before training -> last evaluation",
-            "reward_mean: first -> last steps",
-            "correct: first -> last steps",
-            "reward failures",
-            "truncated (last step)",
-            "health",
+        rows.append(
+            [
+                run.label,
+                run_state(run.status),
+                f"{trained} of {planned}" if isinstance(planned, int) else str(trained),
+                _eval_change(run),
+                _first_last(run, "reward_mean"),
+                _first_last(run, "correct"),
+                _failures(run),
+                f"{trunc[-1]:.0%}" if len(trunc) else "-",
+                status,
+            ]
         )
-    )
+    return rows
+
+
+def summary_text(runs: Sequence[RunData]) -> str:
+    """The "Did it work?" table as text: one block per run (`rlvr report` prints it)."""
+    lines = ["Did it work?"]
+    for row in _summary_rows(runs):
+        label, state, steps, *rest = row
+        lines.append(f"{label}: {state}, {steps} steps")
+        lines += [f"  {c}: {v}" for c, v in zip(SUMMARY_COLUMNS[3:], rest, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_section(runs: Sequence[RunData]) -> str:
+    """The "Did it work?" table (`_summary_rows`)."""
+    rows = [
+        "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
+        for cells in _summary_rows(runs)
+    ]
+    head = "".join(f"<th>{_e(c)}</th>" for c in SUMMARY_COLUMNS)
     return (
         "<h2>Did it work?</h2><p class='note'>Held-out scores before training and at the last "
         "evaluation; the training reward averaged over the first and the last three steps (fewer "
@@ -353,6 +374,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     title = "rlvr report: " + ", ".join(run.label for run in runs)
+    atomic_write_text(out_dir / SUMMARY_FILE, summary_text(runs))
     body = "".join(
         [
             f"<h1>{_e(title)}</h1><p class='note'>Generated {_e(stamp)}.</p>",
