@@ -62,6 +62,7 @@ __all__ = [
     "RewardSpec",
     "builtin_reward_names",
     "is_return_error",
+    "is_timeout_error",
     "reward_kwargs",
     "resolve_reward_names",
     "validate_reward_spec",
@@ -79,6 +80,13 @@ def reward_kwargs(row: dict[str, Any], truncated: bool) -> dict[str, Any]:
         **{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS},
         "truncated": bool(truncated),
     }
+
+
+def is_timeout_error(error: str) -> bool:
+    """True when a completion's error says a reward ran past its time limit (the pool killed
+    it, or an in-process built-in took too long)."""
+    rest = error.partition(": ")[2]
+    return rest.startswith("timed out after ") or "more than timeout_s=" in rest
 
 
 def is_return_error(error: str) -> bool:
@@ -422,7 +430,12 @@ class RewardRunner:
         if invalid and not self.warned:
             self.warned = True
             first = next(i for i, ok in enumerate(result.valid) if not ok)
-            _tell(first_failure_text(result, rows[first], responses[first], first, where))
+            text = first_failure_text(result, rows[first], responses[first], first, where)
+            if is_timeout_error(result.error(first) or ""):
+                text += (
+                    f"\n  (a reward that needs longer: raise reward.timeout_s ({self.timeout_s} s))"
+                )
+            _tell(text)
         if invalid > max_failures:
             shown = next((f for f in result.failures if "Traceback" in f), result.failures[0])
             raise RewardFailureError(

@@ -27,7 +27,7 @@ from rlvr.model.loading import (
 )
 from rlvr.model.vlm import is_vlm, load_processor
 from rlvr.rewards.registry import is_user_target
-from rlvr.rewards.runner import RewardRunner, is_return_error, reward_kwargs
+from rlvr.rewards.runner import RewardRunner, is_return_error, is_timeout_error, reward_kwargs
 from rlvr.rollout.agents import is_agent_env
 from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.preflight.checks import config_problems, run_dir_taken
@@ -132,6 +132,13 @@ def reward_call_problems(cfg: Config, row: dict, checks: list[str] | None = None
                 "RewardResult for every reply: one it cannot score fails (no advantage, and "
                 "more than reward.max_failure_fraction of a batch stops the run)"
             )
+            continue
+        if is_timeout_error(error):
+            if checks is not None:
+                checks.append(
+                    f"{where}: took longer than reward.timeout_s={cfg.reward.timeout_s} s (each "
+                    "call that does scores nothing: raise reward.timeout_s if it needs longer)"
+                )
             continue
         if "TypeError" not in error:
             if checks is not None:
