@@ -345,6 +345,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dashed_hint(stray: list[str], argv: list[str]) -> str:
+    """How to write a setting given as a dashed option (TRL's ``--learning_rate 1e-6``; its
+    value is the token after it on the command line)."""
+    import re
+
+    for token in stray:
+        found = re.fullmatch(r"--([A-Za-z_][\w.]*)(?:=(.*))?", token)
+        if found is None:
+            continue
+        from rlvr.config import known_keys
+        from rlvr.config.peer_names import peer_entry
+        from rlvr.config.sections import Config
+
+        name, value = found.group(1), found.group(2)
+        if value is None:
+            at = argv.index(token) + 1 if token in argv else len(argv)
+            following = argv[at] if at < len(argv) else ""
+            value = following if following and not following.startswith("-") else "VALUE"
+        if name in known_keys(Config):
+            return f"; settings take no dashes: write it as {name}={value}"
+        peer = peer_entry(name)
+        if peer is not None and peer[1] is not None:
+            note = f" ({peer[2]})" if peer[2] else ""
+            return f"; settings take no dashes: write it as {peer[1]}={value}{note}"
+        if peer is not None:
+            return f"; rlvr has no such knob: {peer[2]}"
+        return "; settings are written section.key=value, without dashes (rlvr config lists them)"
+    return ""
+
+
 def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None):
     """``parse_args``, except that ``section.key=value`` overrides may come before, between or
     after the options (``rlvr train a=1 --resume RUN b=2``); their order is kept, later wins.
@@ -353,7 +383,8 @@ def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
     if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        hint = _dashed_hint(stray, list(sys.argv[1:] if argv is None else argv))
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}{hint}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]
     return args
