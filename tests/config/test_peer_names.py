@@ -76,6 +76,9 @@ def test_a_peer_name_with_an_equivalent_names_it(override: str, key: str) -> Non
         ("steps_per_generation=4", "steps_per_generation / gradient_accumulation_steps"),
         ("algorithm.norm_adv_by_std_in_grpo=false", "false: drgrpo"),
         ("custom_reward_function.path=r.py", "'module:function'"),
+        # TRL's epsilon and OpenRLHF's eps_clip bound both sides; rlvr's clip_low one
+        ("epsilon=0.1", "and algo.clip_high"),
+        ("eps_clip=0.1", "and algo.clip_high"),
     ],
 )
 def test_a_peer_name_that_counts_differently_says_how_to_convert(override: str, said: str) -> None:
