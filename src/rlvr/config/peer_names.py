@@ -61,7 +61,10 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
         "a longer prompt is an error in rlvr, never cut",
     ),
     "num_iterations": ("algo.epochs_per_batch", ""),
-    "epsilon": ("algo.clip_low", ""),
+    "epsilon": (
+        "algo.clip_low",
+        "and algo.clip_high: TRL's epsilon bounds both sides unless epsilon_high is set",
+    ),
     "epsilon_high": ("algo.clip_high", ""),
     "beta": ("algo.beta", ""),
     "loss_type": (
@@ -264,7 +267,7 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "kl_target": ("algo.kl_target", ""),
     "kl_estimator": ("algo.kl_estimator", ""),
     "advantage_estimator": ("algo.objective", ""),
-    "eps_clip": ("algo.clip_low", ""),
+    "eps_clip": ("algo.clip_low", "and algo.clip_high: OpenRLHF's eps_clip bounds both sides"),
     "eps_clip_low_high": ("algo.clip_high", "and algo.clip_low"),
     "value_clip": ("algo.ppo.value_clip", ""),
     "lambd": ("algo.ppo.lam", ""),
