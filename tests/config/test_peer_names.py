@@ -57,6 +57,10 @@ EQUIVALENTS = [
     ("algorithm.norm_adv_by_std_in_grpo=false", "algo.objective"),
     ("actor_rollout_ref.actor.use_dynamic_bsz=true", "algo.micro_batch_tokens"),
     ("trainer.project_name=p", "logging.wandb_project"),
+    ("eval_steps=10", "eval.every"),  # TRL
+    ("per_device_eval_batch_size=8", "eval.batch_size"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "train.warmup_steps"),  # verl
+    ("actor_rollout_ref.actor.optim.warmup_style=cosine", "train.schedule"),
 ]
 
 
@@ -93,6 +97,9 @@ def test_a_peer_name_that_counts_differently_says_how_to_convert(override: str, 
         ("num_train_epochs=3", "set train.max_steps"),
         ("trainer.total_epochs=3", "set train.max_steps"),
         ("logging_steps=1", "every step is logged"),
+        ("log_completions=true", "logging.samples_every"),
+        ("sync_ref_model=true", "the reference is the initial model"),
+        ("repetition_penalty=1.1", "temperature, top_p and top_k"),
     ],
 )
 def test_a_peer_name_without_an_equivalent_says_so(override: str, said: str) -> None:
