@@ -122,6 +122,31 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "save_steps": ("train.save_every", ""),
     "save_total_limit": ("train.max_checkpoints", ""),
     "logging_steps": (None, "every step is logged to RUN_DIR/metrics.jsonl"),
+    "eval_steps": ("eval.every", ""),
+    "per_device_eval_batch_size": ("eval.batch_size", "prompts per generate() call"),
+    "log_completions": (
+        None,
+        "completions are written to RUN_DIR/samples/ every logging.samples_every steps (and at "
+        "the first and the last)",
+    ),
+    "sync_ref_model": (
+        None,
+        "the reference is the initial model (the LoRA base with LoRA) for the whole run",
+    ),
+    "ref_model_sync_steps": (
+        None,
+        "the reference is the initial model (the LoRA base with LoRA) for the whole run",
+    ),
+    "repetition_penalty": (
+        None,
+        "rollouts sample with temperature, top_p and top_k only (rollout.*), so the "
+        "log-probs the loss uses are the sampler's",
+    ),
+    "min_p": (
+        None,
+        "rollouts sample with temperature, top_p and top_k only (rollout.*), so the "
+        "log-probs the loss uses are the sampler's",
+    ),
     "report_to": ("logging.wandb", "logging.wandb=true or logging.tensorboard=true"),
     "gradient_checkpointing": ("model.gradient_checkpointing", ""),
     "bf16": ("model.autocast", "model.autocast=bf16 (auto: where the device has it)"),
@@ -220,6 +245,11 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "grad_clip": ("train.max_grad_norm", ""),
     "optim.lr": ("train.lr", ""),
     "lr_warmup_steps": ("train.warmup_steps", ""),
+    "lr_warmup_steps_ratio": (
+        "train.warmup_steps",
+        "rlvr counts warmup in steps, not as a fraction of the run",
+    ),
+    "warmup_style": ("train.schedule", "constant, cosine or linear"),
     "total_training_steps": ("train.max_steps", ""),
     "total_epochs": (
         None,
