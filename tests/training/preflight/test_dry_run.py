@@ -229,3 +229,18 @@ def test_a_held_out_file_alone_says_what_to_do_and_nothing_else(
     assert "None" not in out.partition("config problem")[2], out
     assert "data.task=file needs data.train_path" in out
     assert "eval.sets=[{name: heldout, path: " in out  # the built-in task, graded on the file
+
+
+def test_the_dry_run_names_the_reward_a_data_file_is_graded_with(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A data file without reward.specs is graded by the maths grader: nothing said so."""
+    from rlvr.cli.main import main
+
+    rows = _write_rows(tmp_path / "train.jsonl", ["1+1"])
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}")) == 0
+    out = capsys.readouterr().out
+    assert "reward: math (data.task=file's grader: reward.specs is empty;" in out
+    both = "reward.specs=[{name: math}, {name: countdown, weight: 0.5}]"
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}", both)) == 0
+    assert "reward: math + 0.5 x countdown\n" in capsys.readouterr().out
