@@ -17,7 +17,7 @@ from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
 from rlvr.data.multimodal import has_images, render_inputs
 from rlvr.data.records import DataError
-from rlvr.data.rows import load_rows_for, reward_specs
+from rlvr.data.rows import load_rows_for, reward_line, reward_specs
 from rlvr.data.templates import render_prompt, render_rows
 from rlvr.model.loading import (
     ModelLoadError,
@@ -243,6 +243,7 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         f"model: {cfg.model.name_or_path} (weights not loaded)",
         f"objective: {cfg.algo.objective}",
         f"data: {source}; template {d.template}",
+        f"reward: {reward_line(cfg)}",
         *(f"inferred: {note}" for note in cfg.inferred().values()),
         f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
         + (" (data not read)" if plan.train_rows == 0 else ""),
