@@ -70,7 +70,7 @@ __all__ = [
 
 _RESERVED_ROW_KEYS = ("prompt", "response", "reference", "truncated")
 # How _coerce's messages begin: a reward that returned something other than a finite number.
-_RETURN_ERRORS = ("returned ", "info")
+_RETURN_ERRORS = ("returned ", "info is a ", "info[")
 
 
 def reward_kwargs(row: dict[str, Any], truncated: bool) -> dict[str, Any]:
