@@ -175,3 +175,21 @@ def test_help_loads_neither_torch_nor_transformers(command: list[str]) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [  # TRL's and HfArgumentParser's habit: --name value
+        (["--learning_rate", "1e-6"], "write it as train.lr=1e-6"),
+        (["--num_generations=8"], "write it as algo.group_size=8"),
+        (["--train.max_steps", "3"], "write it as train.max_steps=3"),
+        (["--no_such_knob", "3"], "settings are written section.key=value, without dashes"),
+    ],
+)
+def test_a_setting_given_as_a_dashed_option_says_how_to_write_it(
+    argv: list[str], said: str, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["config", *argv])
+    assert exit_.value.code == 2
+    assert said in capsys.readouterr().err

@@ -105,6 +105,7 @@ def samples(run: Path) -> dict[int, list[dict]]:
 
 def test_a_data_file_without_data_task_is_used_and_said(user: dict) -> None:
     assert "[rlvr] inferred: data.task=file (inferred from data.train_path" in user["out"]
+    assert "[rlvr] reward: my_reward:strict\n" in user["out"]
     assert (
         "[rlvr] data: 8 train rows from train.jsonl, 3 held-out rows from heldout.jsonl"
         in (user["out"])

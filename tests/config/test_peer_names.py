@@ -45,6 +45,22 @@ EQUIVALENTS = [
     ("rollout_is_threshold=2", "algo.rollout_correction.cap"),
     ("rollout_rs=token", "algo.rollout_correction.action"),
     ("rollout_rs_threshold_lower=0.5", "algo.rollout_correction.low"),
+    ("model.lora.r=16", "model.lora.rank"),  # peft's LoraConfig.r (was: 'train.lr')
+    ("r=16", "model.lora.rank"),
+    ("loss_type=dapo", "algo.loss_agg"),  # TRL's loss_type is the loss's aggregation
+    ("algo.loss_type=dr_grpo", "algo.loss_agg"),
+    # verl names under a section rlvr does not have, whose tail is an rlvr key
+    ("actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "rollout.gpu_memory_utilization"),
+    ("actor_rollout_ref.rollout.top_p=0.9", "rollout.top_p"),
+    ("custom_reward_function.path=my_reward.py", "reward.specs"),  # verl's own reward
+    ("custom_reward_function.name=score", "reward.specs"),
+    ("algorithm.norm_adv_by_std_in_grpo=false", "algo.objective"),
+    ("actor_rollout_ref.actor.use_dynamic_bsz=true", "algo.micro_batch_tokens"),
+    ("trainer.project_name=p", "logging.wandb_project"),
+    ("eval_steps=10", "eval.every"),  # TRL
+    ("per_device_eval_batch_size=8", "eval.batch_size"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "train.warmup_steps"),  # verl
+    ("actor_rollout_ref.actor.optim.warmup_style=cosine", "train.schedule"),
 ]
 
 
@@ -56,12 +72,34 @@ def test_a_peer_name_with_an_equivalent_names_it(override: str, key: str) -> Non
 
 @pytest.mark.parametrize(
     "override, said",
+    [  # names that count other things than rlvr's key: the conversion is said
+        ("loss_type=dapo", "dapo -> token_mean"),
+        ("loss_type=grpo", "grpo -> seq_mean_token_mean"),
+        ("loss_type=dr_grpo", "dr_grpo -> seq_mean_token_sum_norm"),
+        ("generation_batch_size=64", "generation_batch_size / num_generations"),
+        ("steps_per_generation=4", "steps_per_generation / gradient_accumulation_steps"),
+        ("algorithm.norm_adv_by_std_in_grpo=false", "false: drgrpo"),
+        ("custom_reward_function.path=r.py", "'module:function'"),
+        # TRL's epsilon and OpenRLHF's eps_clip bound both sides; rlvr's clip_low one
+        ("epsilon=0.1", "and algo.clip_high"),
+        ("eps_clip=0.1", "and algo.clip_high"),
+    ],
+)
+def test_a_peer_name_that_counts_differently_says_how_to_convert(override: str, said: str) -> None:
+    assert said in refusal(override)
+
+
+@pytest.mark.parametrize(
+    "override, said",
     [
         ("gradient_accumulation_steps=4", "gradient accumulation is automatic"),
         ("train.gradient_accumulation_steps=4", "micro-batches of algo.micro_batch_size"),
         ("num_train_epochs=3", "set train.max_steps"),
         ("trainer.total_epochs=3", "set train.max_steps"),
         ("logging_steps=1", "every step is logged"),
+        ("log_completions=true", "logging.samples_every"),
+        ("sync_ref_model=true", "the reference is the initial model"),
+        ("repetition_penalty=1.1", "temperature, top_p and top_k"),
     ],
 )
 def test_a_peer_name_without_an_equivalent_says_so(override: str, said: str) -> None:
@@ -111,6 +149,28 @@ def test_no_suggestion_below_a_near_miss(override: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "override, not_one_of",
+    [  # a one-letter name is a typo of nothing ('r' -> 'lr' was one edit)
+        ("train.l=1", "train.lr"),
+        ("model.lora.x=1", "train.lr"),
+        # a leaf that 17 sections share was answered with one of them (the last)
+        ("train.enabled=true", "health.train_eval_divergence.enabled"),
+        ("data.enable=true", "health.train_eval_divergence.enabled"),
+        ("eval.action=stop", "health.train_eval_divergence.action"),
+    ],
+)
+def test_no_suggestion_that_is_a_guess(override: str, not_one_of: str) -> None:
+    message = refusal(override)
+    assert "did you mean" not in message, message
+    assert not_one_of not in message
+
+
+def test_a_leaf_two_sections_share_names_both() -> None:
+    message = refusal("data.max_failure_fraction=0.1")
+    assert "'reward.max_failure_fraction'" in message and "'env.max_failure_fraction'" in message
+
+
+@pytest.mark.parametrize(
     "override, where, suggestion",
     [
         ("reward.specs=[{name: math, weigth: 2}]", "reward.specs[0]", "weight"),
@@ -131,3 +191,16 @@ def test_every_mapped_key_is_a_real_key() -> None:
 
     known = set(known_keys(Config))
     assert {key for key, _ in PEER_NAMES.values() if key is not None} <= known
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [  # a section given one value, as TRL's model= / data files are given
+        ("model=Qwen/Qwen2.5-0.5B", "did you mean 'model.name_or_path=Qwen/Qwen2.5-0.5B'?"),
+        ("data=train.jsonl", "did you mean 'data.train_path=train.jsonl'?"),
+        # TRL's reward_funcs is a list of functions; rlvr's specs are mappings
+        ("reward.specs=['my_reward:score']", "write it as {name: 'my_reward:score'}"),
+    ],
+)
+def test_a_value_where_a_mapping_belongs_says_how_to_write_it(override: str, said: str) -> None:
+    assert said in refusal(override)

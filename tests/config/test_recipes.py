@@ -81,7 +81,7 @@ def test_recipe_validates(path: Path) -> None:
     if path.name in LOCAL_DATA:
         expected = [
             f"data.train_path: {LOCAL_DATA[path.name]}: no such file or folder "
-            "(a hub dataset is written hf:owner/name?split=...)"
+            f"(a hub dataset is written hf:owner/name?split=...); relative to {Path.cwd()}"
         ]
     assert config_problems(cfg) == expected
     for s in cfg.eval.sets:  # every eval set has rows: a data path or a named benchmark's

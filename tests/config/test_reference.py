@@ -54,6 +54,31 @@ def test_rlvr_config_shows_a_configs_values_with_their_defaults(capsys) -> None:
     assert 'data.task = "file"   (default "arithmetic")' in out
 
 
+def test_a_default_list_of_sections_is_written_as_a_config_takes_it(capsys) -> None:
+    """eval.modes' default read ["kind='greedy' k=None ..."] (a Python repr, not YAML), and
+    `rlvr config` marked the untouched value as differing from it."""
+    modes = '[{"kind": "greedy", "k": null, "temperature": null, "top_p": 1.0}]'
+    rows = {key: default for key, default, _, _ in reference_rows()}
+    assert rows["eval.modes"] == modes
+    assert main(["config"]) == 0
+    assert f"eval.modes = {modes}\n" in capsys.readouterr().out
+
+
+def test_rlvr_config_shows_the_values_the_run_uses_not_the_sections_defaults(capsys) -> None:
+    """An objective's own defaults (GSPO's clip) and the rollout correction an off-policy run
+    gets are what the run trains with: `rlvr config` used to print clip 0.2 and level off."""
+    assert main(["config", "algo.objective=gspo"]) == 0
+    out = capsys.readouterr().out
+    assert "algo.clip_low = 0.0003   (default 0.2)" in out
+    assert "# algo.objective=gspo's default: algo.clip_low=0.0003" in out
+    assert main(["config", "rollout.max_staleness=1"]) == 0
+    out = capsys.readouterr().out
+    assert 'algo.rollout_correction.level = "token"   (default "off")' in out
+    assert "# off-policy rollouts' default: algo.rollout_correction.level=token" in out
+    assert main(["config", "algo.objective=gspo", "algo.clip_low=0.1"]) == 0
+    assert "algo.clip_low = 0.1   (default 0.2)" in capsys.readouterr().out  # yours is kept
+
+
 REWARD = "def score(prompt, response, reference, level, **fields):\n    return 1.0\n"
 NARROW = "def score(prompt, response, reference):\n    return 1.0\n"
 
@@ -103,6 +128,47 @@ def test_the_dry_run_calls_the_reward_and_fails_on_a_wrong_signature(
         "unexpected keyword argument" in proc.stdout
     )
     assert "end with **kwargs" in proc.stdout
+
+
+def test_the_dry_run_names_the_fields_a_reward_is_really_called_with(
+    tiny_model_dir, tmp_path
+) -> None:
+    """The fields listed are the keyword arguments the call passes: the row's answer is one,
+    its prompt is not (it is the first positional argument)."""
+    proc = _dry(tmp_path, tiny_model_dir, NARROW, script=False)
+    listed = proc.stdout.partition("with this row's fields (")[2].partition(")")[0].split(", ")
+    assert {"question", "answer", "level", "truncated"} <= set(listed), proc.stdout[-2000:]
+    assert "prompt" not in listed
+
+
+@pytest.mark.parametrize(
+    "returned, said",
+    [
+        ("None", "returned NoneType"),
+        ("'1.0'", "returned str"),
+        ("[1.0]", "returned list"),  # TRL's batch rewards return one list per batch
+        ("float('nan')", "non-finite"),
+    ],
+)
+def test_the_dry_run_refuses_a_reward_that_returns_no_number(
+    tiny_model_dir, tmp_path, returned: str, said: str
+) -> None:
+    reward = f"def score(prompt, response, reference, **fields):\n    return {returned}\n"
+    proc = _dry(tmp_path, tiny_model_dir, reward, script=False)
+    assert proc.returncode == 2, proc.stdout[-2000:]
+    assert "config problem: reward.specs[0] (my_reward:score)" in proc.stdout
+    assert said in proc.stdout and "a reward returns a float" in proc.stdout
+
+
+def test_the_dry_run_says_what_the_reward_returned_or_raised(tiny_model_dir, tmp_path) -> None:
+    proc = _dry(tmp_path, tiny_model_dir, REWARD, script=False)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "reward check: reward.specs[0] (my_reward:score) on train.jsonl:1" in proc.stdout
+    assert "returned 1.0" in proc.stdout
+    raises = "def score(prompt, response, reference, **fields):\n    return fields['solution']\n"
+    proc = _dry(tmp_path, tiny_model_dir, raises, script=False)
+    assert "reward check: reward.specs[0] (my_reward:score)" in proc.stdout, proc.stdout[-2000:]
+    assert "KeyError: 'solution'" in proc.stdout
 
 
 def test_a_reward_module_that_is_not_found_says_where_python_looked(tmp_path, capsys) -> None:

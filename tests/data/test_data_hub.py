@@ -205,3 +205,14 @@ def test_training_on_an_unreachable_hub_id_is_one_error_line(
     assert err.count("rlvr: ") == 1 and "Traceback" not in err
     assert "hub dataset 'no-such-owner/no-such-set' could not be loaded" in err
     assert "HF_HUB_OFFLINE=1" in err
+
+
+def test_a_misspelt_data_file_gets_the_file_beside_it(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "train.jsonl").write_text('{"prompt": "p", "answer": "1"}\n')
+    with pytest.raises(DataError, match=r"did you mean '.*train\.jsonl'\?"):
+        parse_source(tmp_path / "trian.jsonl")
+    monkeypatch.chdir(tmp_path)  # a relative path: read from the directory rlvr runs in
+    with pytest.raises(DataError) as err:
+        parse_source("train.jsonll")
+    assert "did you mean 'train.jsonl'?" in str(err.value)
+    assert f"relative to {tmp_path}" in str(err.value)

@@ -282,3 +282,14 @@ def test_csv_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> 
     path.write_bytes("\ufeffprompt,answer\nq?,4\n".encode())
     (row,) = load_rows(path)
     assert (row["prompt"], row["answer"]) == ("q?", "4")
+
+
+def test_jsonl_byte_order_mark_is_not_a_bad_first_line(tmp_path: Path) -> None:
+    """Windows tools (PowerShell 5's Out-File, Notepad's 'UTF-8 with BOM') put one before the
+    first object: the CSV reader drops it, the JSONL reader called line 1 invalid JSON."""
+    path = tmp_path / "windows.jsonl"
+    path.write_bytes(
+        '\ufeff{"prompt": "q?", "answer": "4"}\r\n{"prompt": "r?", "answer": "5"}\r\n'.encode()
+    )
+    rows = load_rows(path)
+    assert [(r["prompt"], r["answer"]) for r in rows] == [("q?", "4"), ("r?", "5")]

@@ -253,3 +253,52 @@ def test_psgrpo_builtin_with_a_user_prm(tmp_path, monkeypatch) -> None:
     # steady scores have no drop moment: right -> 1.0, wrong -> 0.0
     assert out.scores == [1.0, 0.0]
     assert out.infos[0]["step_count"] == 2.0 and out.infos[0]["has_drop_moment"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [  # a file path (verl's custom_reward_function.path) is answered with its module form
+        ("rewards/my_reward.py:score", "did you mean 'rewards.my_reward:score'?"),
+        ("my_reward.py:score", "did you mean 'my_reward:score'?"),
+        ("./rewards/my_reward.py:score", "did you mean 'rewards.my_reward:score'?"),
+        ("maths", "did you mean 'math'?"),  # a built-in's near-miss, not only the list
+    ],
+)
+def test_a_reward_named_like_a_file_or_a_typo_gets_its_spelling(name: str, said: str) -> None:
+    with pytest.raises(ValueError) as err:
+        validate_reward_spec({"name": name})
+    assert said in str(err.value)
+
+
+def test_a_misspelt_function_gets_the_one_its_module_has(user_module) -> None:
+    with pytest.raises(ValueError, match=r"has no attribute 'quartre'.*did you mean 'quarter'\?"):
+        validate_reward_spec({"name": f"{user_module}:quartre"})
+
+
+def test_a_reward_that_overruns_is_told_with_the_knob_that_bounds_it(user_module, capsys) -> None:
+    """An LLM judge that takes 6 s fails every call at the 5 s default: the warning said
+    'timed out after 5.0 s' without naming reward.timeout_s."""
+    spec = RewardSpec(name=f"{user_module}:flaky", kwargs={"mode": "hang"})
+    with RewardRunner([spec], timeout_s=0.5) as runner:
+        runner.score_batch(**_batch(["ok", "bad"]))
+    assert "raise reward.timeout_s (0.5 s)" in capsys.readouterr().err
+
+
+def test_the_dry_run_says_a_reward_overran_not_that_it_raised(user_module) -> None:
+    from rlvr.config import load_config
+    from rlvr.training.preflight.dry_run import reward_call_problems
+
+    cfg = load_config(
+        None,
+        [
+            f"reward.specs=[{{name: '{user_module}:flaky', kwargs: {{mode: hang}}}}]",
+            "reward.timeout_s=0.5",
+        ],
+    )
+    checks: list[str] = []
+    row = {"prompt": "q", "answer": "1", "_source": "train.jsonl:1"}
+    with pytest.MonkeyPatch.context() as mp:  # the placeholder reply is the one that hangs
+        mp.setattr("rlvr.training.preflight.dry_run.PLACEHOLDER_REPLY", "bad")
+        assert reward_call_problems(cfg, row, checks) == []
+    assert "raised" not in checks[0]
+    assert "took longer than reward.timeout_s=0.5 s" in checks[0], checks

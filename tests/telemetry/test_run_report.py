@@ -272,10 +272,11 @@ def test_the_report_answers_did_it_work(tmp_path: Path) -> None:
     run = _custom_reward_run(tmp_path / "mine")
     page = _parse(write_report([run], tmp_path / "out"))
     summary = page.tables[0]
-    assert summary[0][2] == "held-out: before training -> last evaluation"
+    assert summary[0][1:4] == ["run state", "steps", "held-out: before training -> last evaluation"]
     row = dict(zip(summary[0], summary[1], strict=True))
     assert row["held-out: before training -> last evaluation"] == (
-        "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)"
+        "heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250); "
+        "heldout/greedy replies cut at the token limit: 75% -> 50%"
     )
     assert row["reward_mean: first -> last steps"] == "0.2 -> 0.5"  # k = min(3, 3 // 2) = 1
     assert row["reward failures"].startswith("8% of replies (at most 25%, step 2)")
@@ -305,3 +306,92 @@ def test_eval_accuracy_has_an_axis_of_its_own(tmp_path: Path) -> None:
     assert labels[2] == ["mine: heldout/greedy/mean_reply_tokens"]
     assert fig.axes[0].get_ylim() == pytest.approx((-0.02, 1.02))
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == [0.25, 0.5]
+
+
+def _status(run_dir: Path, **status) -> Path:
+    (run_dir / "status.json").write_text(json.dumps({"time": 0.0, **status}))
+    return run_dir
+
+
+def _summary_row(run_dir: Path, out: Path) -> dict[str, str]:
+    summary = _parse(write_report([run_dir], out)).tables[0]
+    return dict(zip(summary[0], summary[1], strict=True))
+
+
+@pytest.mark.parametrize(
+    "status, said",
+    [
+        ({"state": "finished"}, "finished"),
+        ({"state": "failed", "error": "RuntimeError: boom", "step": 2}, "failed after step 2"),
+        ({"state": "preempted", "signal": "SIGTERM", "step": 2}, "preempted (SIGTERM)"),
+        ({"state": "interrupted", "step": 2}, "interrupted after step 2"),
+        ({"state": "stopped_by_health", "rule": "grad_spikes"}, "stopped by the health gate"),
+    ],
+)
+def test_the_first_table_says_how_the_run_ended(tmp_path: Path, status: dict, said: str) -> None:
+    run = _status(_custom_reward_run(tmp_path / "mine"), **status)
+    row = _summary_row(run, tmp_path / "out")
+    assert row["run state"].startswith(said), row
+    if status["state"] == "failed":
+        assert "RuntimeError: boom" in row["run state"]
+
+
+def test_a_run_still_running_or_killed_is_not_reported_as_done(tmp_path: Path) -> None:
+    """status.json still says running (the run goes on, or was killed with no word): the first
+    table says so, counts the steps against train.max_steps, and says that no evaluation after
+    training exists instead of showing the one before training as the last."""
+    run = _custom_reward_run(tmp_path / "mine")
+    lines = (run / "metrics.jsonl").read_text().splitlines()[:-1]  # killed during step 3
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"] = {"max_steps": 3}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    _status(run, state="running")
+    row = _summary_row(run, tmp_path / "out")
+    assert row["run state"].startswith("not finished"), row
+    assert "killed" in row["run state"]
+    assert row["steps"] == "2 of 3"
+    assert "no evaluation after training" in row["held-out: before training -> last evaluation"]
+    (run / "status.json").unlink()  # a run of an older rlvr, or a folder copied without it
+    row = _summary_row(run, tmp_path / "out2")
+    assert row["run state"] == "unknown (no status.json)"
+
+
+def test_held_out_gradings_that_raised_are_on_the_first_page(tmp_path: Path) -> None:
+    """A reward that raises on held-out rows counts them wrong: the score alone (0.250 ->
+    0.500) read as the model's, with 'reward failures: none' when training never raised."""
+    run = _custom_reward_run(tmp_path / "mine")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        m["reward_failure_rate"] = 0.0
+        if "eval/heldout/greedy_pass@1" in m:
+            m["eval/heldout/greedy/reward_failed_frac"] = 0.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    row = _summary_row(run, tmp_path / "out")
+    assert "held-out heldout/greedy: 50% of gradings raised" in row["reward failures"], row
+
+
+def test_the_held_out_change_is_shown_beside_its_cut_replies(tmp_path: Path) -> None:
+    """A held-out score over replies cut at the token limit measures the limit as much as the
+    model: the first table put 0.250 -> 0.500 alone, the cut share only in a later table."""
+    row = _summary_row(_custom_reward_run(tmp_path / "mine"), tmp_path / "out")
+    cell = row["held-out: before training -> last evaluation"]
+    assert cell.startswith("heldout/greedy_pass@1: 0.250 -> 0.500 (+0.250)")
+    assert "heldout/greedy replies cut at the token limit: 75% -> 50%" in cell
+
+
+def test_rlvr_report_prints_the_first_table(tmp_path: Path, capsys) -> None:
+    """On a machine reached over ssh the HTML is a download away: `rlvr report` printed only
+    its path. It prints the "Did it work?" table too, one block per run."""
+    from rlvr.cli.main import main
+
+    run = _status(_custom_reward_run(tmp_path / "mine"), state="finished")
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Did it work?\nmine: finished, 3 steps\n"), out
+    assert (
+        "  held-out: before training -> last evaluation: heldout/greedy_pass@1: 0.250 -> 0.500"
+        in out
+    )
+    assert "  reward_mean: first -> last steps: 0.2 -> 0.5\n" in out
+    assert out.rstrip().endswith(f"report: {tmp_path / 'out' / 'report.html'}")

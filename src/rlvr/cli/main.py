@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         from rlvr.training.preflight.dry_run import run_dry
 
-        return run_dry(cfg)
+        return run_dry(cfg, resuming=args.resume is not None)
     # before torch is imported: the restart (if any) does not pay for it twice
     _start_with_allocator(args, cfg.train.allocator)
     from rlvr.telemetry.health import HealthStop
@@ -187,10 +187,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from rlvr.telemetry.report import write_report
+    from rlvr.telemetry.report import SUMMARY_FILE, write_report
 
     out = Path(args.out) if args.out else Path(args.run_dirs[0]) / "report"
     html = write_report([Path(d) for d in args.run_dirs], out)
+    print((out / SUMMARY_FILE).read_text(), end="")  # the first table: did it work?
     print(f"report: {html}")
     return 0
 
@@ -211,9 +212,16 @@ def cmd_config(args: argparse.Namespace) -> int:
     if args.markdown:
         print(reference_markdown(), end="")
         return 0
+    from rlvr.training.preflight.checks import apply_engine_defaults, apply_objective_defaults
+
     cfg = load_config(args.config, args.overrides)
     for note in cfg.inferred().values():
         print(f"# inferred: {note}")
+    # what the run trains with where the config leaves a knob to the objective or the engine
+    for key, value in apply_objective_defaults(cfg).items():
+        print(f"# algo.objective={cfg.algo.objective}'s default: {key}={value:g}")
+    for key, value in apply_engine_defaults(cfg).items():
+        print(f"# off-policy rollouts' default: {key}={value}")
     print(reference_text(cfg))
     return 0
 
@@ -337,6 +345,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _dashed_hint(stray: list[str], argv: list[str]) -> str:
+    """How to write a setting given as a dashed option (TRL's ``--learning_rate 1e-6``; its
+    value is the token after it on the command line)."""
+    import re
+
+    for token in stray:
+        found = re.fullmatch(r"--([A-Za-z_][\w.]*)(?:=(.*))?", token)
+        if found is None:
+            continue
+        from rlvr.config import known_keys
+        from rlvr.config.peer_names import peer_entry
+        from rlvr.config.sections import Config
+
+        name, value = found.group(1), found.group(2)
+        if value is None:
+            at = argv.index(token) + 1 if token in argv else len(argv)
+            following = argv[at] if at < len(argv) else ""
+            value = following if following and not following.startswith("-") else "VALUE"
+        if name in known_keys(Config):
+            return f"; settings take no dashes: write it as {name}={value}"
+        peer = peer_entry(name)
+        if peer is not None and peer[1] is not None:
+            note = f" ({peer[2]})" if peer[2] else ""
+            return f"; settings take no dashes: write it as {peer[1]}={value}{note}"
+        if peer is not None:
+            return f"; rlvr has no such knob: {peer[2]}"
+        return "; settings are written section.key=value, without dashes (rlvr config lists them)"
+    return ""
+
+
 def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None):
     """``parse_args``, except that ``section.key=value`` overrides may come before, between or
     after the options (``rlvr train a=1 --resume RUN b=2``); their order is kept, later wins.
@@ -345,7 +383,8 @@ def parse_args_any_order(parser: argparse.ArgumentParser, argv: list[str] | None
     args, extra = parser.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
     if stray or (extra and not hasattr(args, "overrides")):
-        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+        hint = _dashed_hint(stray, list(sys.argv[1:] if argv is None else argv))
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}{hint}")
     if extra:
         args.overrides = [*(args.overrides or []), *extra]
     return args

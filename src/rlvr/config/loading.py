@@ -103,6 +103,23 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
+# A section given one value: the key that value most likely belongs to.
+_SECTION_VALUE = {("model",): "model.name_or_path", ("data",): "data.train_path"}
+
+
+def _mapping_hint(err: Any) -> str:
+    """How to write a plain value where a mapping belongs: ``model=NAME`` (the key it means),
+    or a reward named alone in ``reward.specs`` (TRL's reward_funcs is a list of names)."""
+    value, loc = err.get("input"), tuple(err["loc"])
+    if err["type"] != "model_type" or not isinstance(value, str | int | float):
+        return ""
+    if loc in _SECTION_VALUE:
+        return f"; did you mean '{_SECTION_VALUE[loc]}={value}'?"
+    if loc[:2] == ("reward", "specs"):
+        return f"; a spec is a mapping: write it as {{name: {str(value)!r}}}"
+    return ""
+
+
 def _format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -116,7 +133,7 @@ def _format_validation_error(exc: ValidationError) -> str:
             at = "".join(where[:-1]).lstrip(".")
             lines.append(f"{at}: unknown key {key!r}{hint} (known: {', '.join(known)})")
             continue
-        lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r})")
+        lines.append(f"{loc}: {err['msg']} (got {err.get('input')!r}){_mapping_hint(err)}")
     return "invalid config value:\n  - " + "\n  - ".join(lines)
 
 

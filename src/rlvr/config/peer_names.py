@@ -47,11 +47,13 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     ),
     "generation_batch_size": (
         "algo.prompts_per_step",
-        "rlvr counts prompts per step; the step's sequences are prompts_per_step x group_size",
+        "TRL counts completions, rlvr prompts: algo.prompts_per_step = generation_batch_size / "
+        "num_generations",
     ),
     "steps_per_generation": (
         "algo.minibatches",
-        "optimizer steps per rollout batch",
+        "TRL counts micro-batches per generation batch, rlvr optimizer steps: algo.minibatches "
+        "= steps_per_generation / gradient_accumulation_steps (TRL's default: 1)",
     ),
     "max_completion_length": ("rollout.max_new_tokens", ""),
     "max_prompt_length": (
@@ -59,13 +61,17 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
         "a longer prompt is an error in rlvr, never cut",
     ),
     "num_iterations": ("algo.epochs_per_batch", ""),
-    "epsilon": ("algo.clip_low", ""),
+    "epsilon": (
+        "algo.clip_low",
+        "and algo.clip_high: TRL's epsilon bounds both sides unless epsilon_high is set",
+    ),
     "epsilon_high": ("algo.clip_high", ""),
     "beta": ("algo.beta", ""),
     "loss_type": (
-        "algo.objective",
-        "TRL's grpo/dr_grpo/dapo/bnpo pick a loss aggregation: algo.objective=grpo or drgrpo, "
-        "algo.loss_agg for the aggregation alone",
+        "algo.loss_agg",
+        "TRL's loss_type is the loss's aggregation: grpo -> seq_mean_token_mean, dr_grpo -> "
+        "seq_mean_token_sum_norm, bnpo or dapo -> token_mean; the advantages' std scaling is "
+        "algo.objective (grpo scales, drgrpo does not)",
     ),
     "scale_rewards": (
         "algo.objective",
@@ -116,6 +122,31 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "save_steps": ("train.save_every", ""),
     "save_total_limit": ("train.max_checkpoints", ""),
     "logging_steps": (None, "every step is logged to RUN_DIR/metrics.jsonl"),
+    "eval_steps": ("eval.every", ""),
+    "per_device_eval_batch_size": ("eval.batch_size", "prompts per generate() call"),
+    "log_completions": (
+        None,
+        "completions are written to RUN_DIR/samples/ every logging.samples_every steps (and at "
+        "the first and the last)",
+    ),
+    "sync_ref_model": (
+        None,
+        "the reference is the initial model (the LoRA base with LoRA) for the whole run",
+    ),
+    "ref_model_sync_steps": (
+        None,
+        "the reference is the initial model (the LoRA base with LoRA) for the whole run",
+    ),
+    "repetition_penalty": (
+        None,
+        "rollouts sample with temperature, top_p and top_k only (rollout.*), so the "
+        "log-probs the loss uses are the sampler's",
+    ),
+    "min_p": (
+        None,
+        "rollouts sample with temperature, top_p and top_k only (rollout.*), so the "
+        "log-probs the loss uses are the sampler's",
+    ),
     "report_to": ("logging.wandb", "logging.wandb=true or logging.tensorboard=true"),
     "gradient_checkpointing": ("model.gradient_checkpointing", ""),
     "bf16": ("model.autocast", "model.autocast=bf16 (auto: where the device has it)"),
@@ -128,6 +159,9 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "lora_alpha": ("model.lora.alpha", ""),
     "lora_dropout": ("model.lora.dropout", ""),
     "lora_target_modules": ("model.lora.target_modules", ""),
+    # ---- peft (LoraConfig)
+    "lora.r": ("model.lora.rank", "peft's LoraConfig.r"),
+    "r": ("model.lora.rank", "peft's LoraConfig.r"),
     "target_modules": ("model.lora.target_modules", ""),
     # ---- verl (ppo_trainer.yaml), dotted as its overrides are
     "data.train_batch_size": (
@@ -178,6 +212,31 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "kl_ctrl.target_kl": ("algo.kl_target", ""),
     "kl_ctrl.horizon": ("algo.kl_horizon", ""),
     "adv_estimator": ("algo.objective", "grpo, rloo, gae -> ppo, ..."),
+    "norm_adv_by_std_in_grpo": (
+        "algo.objective",
+        "true: grpo (std-scaled advantages), false: drgrpo (rlvr's default)",
+    ),
+    "custom_reward_function": (
+        "reward.specs",
+        "your reward as [{name: 'module:function'}], the module importable from the directory "
+        "rlvr runs in; called as f(prompt, response, reference, **fields) (docs/config.md)",
+    ),
+    "custom_reward_function.path": (
+        "reward.specs",
+        "your reward as [{name: 'module:function'}], the module importable from the directory "
+        "rlvr runs in; called as f(prompt, response, reference, **fields) (docs/config.md)",
+    ),
+    "custom_reward_function.name": (
+        "reward.specs",
+        "your reward as [{name: 'module:function'}], the module importable from the directory "
+        "rlvr runs in; called as f(prompt, response, reference, **fields) (docs/config.md)",
+    ),
+    "use_dynamic_bsz": (
+        "algo.micro_batch_tokens",
+        "micro-batches by token count: set algo.micro_batch_tokens (verl's "
+        "ppo_max_token_len_per_gpu)",
+    ),
+    "project_name": ("logging.wandb_project", "with logging.wandb=true"),
     "entropy_coeff": ("algo.entropy_coef", ""),
     "loss_agg_mode": (
         "algo.loss_agg",
@@ -186,6 +245,11 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "grad_clip": ("train.max_grad_norm", ""),
     "optim.lr": ("train.lr", ""),
     "lr_warmup_steps": ("train.warmup_steps", ""),
+    "lr_warmup_steps_ratio": (
+        "train.warmup_steps",
+        "rlvr counts warmup in steps, not as a fraction of the run",
+    ),
+    "warmup_style": ("train.schedule", "constant, cosine or linear"),
     "total_training_steps": ("train.max_steps", ""),
     "total_epochs": (
         None,
@@ -233,7 +297,7 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "kl_target": ("algo.kl_target", ""),
     "kl_estimator": ("algo.kl_estimator", ""),
     "advantage_estimator": ("algo.objective", ""),
-    "eps_clip": ("algo.clip_low", ""),
+    "eps_clip": ("algo.clip_low", "and algo.clip_high: OpenRLHF's eps_clip bounds both sides"),
     "eps_clip_low_high": ("algo.clip_high", "and algo.clip_low"),
     "value_clip": ("algo.ppo.value_clip", ""),
     "lambd": ("algo.ppo.lam", ""),
@@ -256,6 +320,10 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
 }
 
 
+# A near-miss leaf that more keys than this share gets no suggestion: naming one would be a guess.
+MAX_SHARED_LEAF = 3
+
+
 def edit_distance(a: str, b: str) -> int:
     """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
     neighbouring characters each cost 1 ('weigth' -> 'weight' is 1)."""
@@ -272,13 +340,14 @@ def edit_distance(a: str, b: str) -> int:
 
 
 def near_miss(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate ``name`` is a typo of: at most one edit per five characters (at least one),
-    the closest first; None when none is that close."""
+    """The candidate ``name`` is a typo of: at most one edit per five characters (at least one,
+    and fewer than the name has: 'r' is a typo of nothing), the closest first; None when none is
+    that close."""
     allowed = max(1, len(name) // 5)
     best = None
     for cand in candidates:
         d = edit_distance(name, cand)
-        if d <= allowed and (best is None or d < best[0]):
+        if d <= allowed and d < len(name) and (best is None or d < best[0]):
             best = (d, cand)
     return best[1] if best else None
 
@@ -311,14 +380,26 @@ def unknown_key_message(
         if key is None:
             return f"{head}: rlvr has no such knob; {note}"
         return f"{head}{f' ({note})' if note else ''}; did you mean {key!r}?"
+    known = set(all_keys)
+    for candidate in leaves:  # a peer's section around one of ours (verl's actor_rollout_ref.)
+        parts = candidate.split(".")
+        tails = [".".join(parts[i:]) for i in range(1, len(parts) - 1)]
+        tail = next((t for t in tails if t in known), None)
+        if tail is not None:
+            return f"unknown config key {candidate!r}; did you mean {tail!r}?"
     head = f"unknown config key {dotted!r}"
     leaf = dotted.rsplit(".", 1)[-1]
     prefix = dotted[: -len(leaf)]
     close = near_miss(leaf, siblings)
     if close is not None:
         return f"{head}; did you mean {prefix + close!r}?"
-    by_leaf = {k.rsplit(".", 1)[-1]: k for k in all_keys}
+    by_leaf: dict[str, list[str]] = {}
+    for k in all_keys:
+        by_leaf.setdefault(k.rsplit(".", 1)[-1], []).append(k)
     close = near_miss(leaf, by_leaf)
-    if close is not None:
-        return f"{head}; did you mean {by_leaf[close]!r}?"
-    return head
+    if close is None or len(by_leaf[close]) > MAX_SHARED_LEAF:
+        return head  # a leaf many sections share (enabled, action): any one would be a guess
+    keys = by_leaf[close]
+    if len(keys) == 1:
+        return f"{head}; did you mean {keys[0]!r}?"
+    return f"{head}; did you mean one of {', '.join(repr(k) for k in keys)}?"

@@ -43,6 +43,8 @@ def _default(field: Any) -> str:
     value = field.default_factory() if field.default_factory is not None else field.default
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
+    if isinstance(value, list):  # a list of sections (eval.modes): as a config writes it
+        value = [v.model_dump(mode="json") if isinstance(v, BaseModel) else v for v in value]
     return json.dumps(value, default=str)
 
 

@@ -9,6 +9,8 @@ sections (`rlvr.config.sections`), which do not import them back.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlvr.config.base import ConfigError
 from rlvr.config.env import env_problems
 from rlvr.config.sections import Config
@@ -69,7 +71,16 @@ def problems(cfg: Config) -> list[str]:
     if cfg.rollout.engine == "hf" and cfg.rollout.sleep_during_update:
         out.append("rollout.sleep_during_update needs rollout.engine=vllm")
     if cfg.data.task == "file" and not cfg.data.train_path:
-        out.append("data.task=file needs data.train_path")
+        alone = cfg.data.eval_path
+        out.append(
+            "data.task=file needs data.train_path"
+            + (
+                f"; to train on a built-in task and grade on {alone}, drop data.eval_path and "
+                f"add eval.sets=[{{name: {Path(alone).stem}, path: {alone}}}]"
+                if alone
+                else ""
+            )
+        )
     given = [k for k in ("train_path", "eval_path") if getattr(cfg.data, k)]
     if cfg.data.task != "file" and given:
         paths = " and ".join(f"data.{k}" for k in given)

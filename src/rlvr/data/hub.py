@@ -70,6 +70,20 @@ def is_hub(text: str) -> bool:
     return str(text).startswith(HUB_PREFIX)
 
 
+def _missing_path_hint(path: Path) -> str:
+    """Where a missing relative path was looked for, and the file beside it that it misspells."""
+    from rlvr.config.peer_names import near_miss
+
+    here = "" if path.is_absolute() else f"; relative to {Path.cwd()}"
+    folder = path.parent
+    try:
+        names = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    except OSError:
+        names = []
+    close = near_miss(path.name, names)
+    return here + (f"; did you mean {str(folder / close)!r}?" if close else "")
+
+
 def parse_source(text: str | Path, split: str | None = None) -> Source:
     """Parse a data path; ``split`` (the caller's) is used when the path names none.
 
@@ -102,6 +116,7 @@ def parse_source(text: str | Path, split: str | None = None) -> Source:
     if not path.exists():
         raise DataError(
             f"{raw}: no such file or folder (a hub dataset is written hf:owner/name?split=...)"
+            + _missing_path_hint(path)
         )
     if path.is_dir():
         saved = any((path / m).exists() for m in SAVE_TO_DISK_MARKERS)

@@ -259,8 +259,8 @@ def _read_jsonl(path: Path) -> Iterator[Record]:
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             where = f"line {number}"
-            try:
-                line = raw.decode("utf-8")
+            try:  # the first line may start with a byte-order mark (Windows tools write one)
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 bad = BadRecord("invalid_utf8", f"not UTF-8 text ({err.reason})")
                 yield Record(number, where, error=bad)

@@ -31,3 +31,16 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
     if cfg.reward.specs:
         return list(cfg.reward.specs)
     return [RewardSpec(name=default_reward(cfg.data.task))]
+
+
+def reward_line(cfg: Config) -> str:
+    """What grades the run's replies, said on its first lines and by the dry run: the specs with
+    their weights, or the task's own grader and how to use yours."""
+    specs = reward_specs(cfg)
+    text = " + ".join(s.name if s.weight == 1 else f"{s.weight:g} x {s.name}" for s in specs)
+    if cfg.reward.specs:
+        return text
+    return (
+        f"{text} (data.task={cfg.data.task}'s grader: reward.specs is empty; "
+        "reward.specs=[{name: 'module:function'}] grades with your own)"
+    )

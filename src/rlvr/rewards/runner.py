@@ -40,6 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rlvr.config.peer_names import near_miss
 from rlvr.config.reward import RewardSpec
 from rlvr.rewards import symbolic
 from rlvr.rewards.base import RewardResult
@@ -60,11 +61,38 @@ __all__ = [
     "RewardRunner",
     "RewardSpec",
     "builtin_reward_names",
+    "is_return_error",
+    "is_timeout_error",
+    "reward_kwargs",
     "resolve_reward_names",
     "validate_reward_spec",
 ]
 
 _RESERVED_ROW_KEYS = ("prompt", "response", "reference", "truncated")
+# How _coerce's messages begin: a reward that returned something other than a finite number.
+_RETURN_ERRORS = ("returned ", "info is a ", "info[")
+
+
+def reward_kwargs(row: dict[str, Any], truncated: bool) -> dict[str, Any]:
+    """The keyword arguments a reward is called with for ``row``: the row's fields but its
+    prompt/response/reference/truncated, then ``truncated`` (a spec's kwargs come on top)."""
+    return {
+        **{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS},
+        "truncated": bool(truncated),
+    }
+
+
+def is_timeout_error(error: str) -> bool:
+    """True when a completion's error says a reward ran past its time limit (the pool killed
+    it, or an in-process built-in took too long)."""
+    rest = error.partition(": ")[2]
+    return rest.startswith("timed out after ") or "more than timeout_s=" in rest
+
+
+def is_return_error(error: str) -> bool:
+    """True when a completion's error (``BatchRewards.error``) says a reward returned no finite
+    number (None, a string, a list, NaN), not that it raised."""
+    return error.partition(": ")[2].startswith(_RETURN_ERRORS)
 
 
 class RewardFailureError(RuntimeError):
@@ -84,7 +112,7 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
             f"reward {name!r}: cannot import module {module_name!r} ({exc}); {_where_looked()}"
         ) from exc
     except AttributeError as exc:
-        raise ValueError(f"reward {name!r}: {exc}") from exc
+        raise ValueError(f"reward {name!r}: {exc}{_function_hint(name)}") from exc
     except Exception as exc:  # the module itself raised while importing
         raise ValueError(
             f"reward {name!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
@@ -92,6 +120,27 @@ def _resolve_user_function(name: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ValueError(f"reward {name!r} is a {type(fn).__name__}, not a function")
     return fn
+
+
+def _function_hint(name: str) -> str:
+    """'; did you mean ...' when the module has a function the name misspells."""
+    module_name, _, attr = name.partition(":")
+    try:
+        module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+    except Exception:  # noqa: BLE001 - only a hint
+        return ""
+    functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
+    close = near_miss(attr, functions)
+    return f"; did you mean {close!r}?" if close else ""
+
+
+def _module_form(name: str) -> str | None:
+    """'pkg.mod:function' for a reward named by its file ('pkg/mod.py:function'), else None."""
+    path, sep, function = name.rpartition(":")
+    if not sep or not (path.endswith(".py") or "/" in path):
+        return None
+    module = path.removesuffix(".py").lstrip("./").replace("/", ".")
+    return f"{module}:{function}" if module and function else None
 
 
 def _where_looked() -> str:
@@ -117,6 +166,19 @@ def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
             spec = RewardSpec.model_validate(spec)
         except ValidationError as exc:
             raise ValueError(f"reward spec {spec!r} is invalid: {exc}") from exc
+    module_form = _module_form(spec.name)
+    if module_form is not None and "/" not in spec.name:  # 'pkg.py:f' may be a module 'py'
+        try:
+            _resolve_user_function(spec.name)
+            module_form = None
+        except ValueError:
+            pass
+    if module_form is not None:
+        raise ValueError(
+            f"reward spec {spec.name!r}: a reward is named by its module, not its file; did you "
+            f"mean {module_form!r}? (run rlvr from the folder above it, or put that folder on "
+            "PYTHONPATH)"
+        )
     if spec.name in POOLED_BUILTINS:
         if spec.kwargs:
             raise ValueError(
@@ -135,9 +197,12 @@ def validate_reward_spec(spec: RewardSpec | dict[str, Any]) -> None:
     if is_user_target(spec.name):
         _resolve_user_function(spec.name)
         return
+    close = near_miss(spec.name, builtin_reward_names())
     raise ValueError(
-        f"reward spec {spec.name!r}: unknown reward; built-ins are {builtin_reward_names()}, "
-        "or name your own function as 'package.module:function'"
+        f"reward spec {spec.name!r}: unknown reward"
+        + (f" (did you mean {close!r}?)" if close else "")
+        + f"; built-ins are {builtin_reward_names()}, or name your own function as "
+        "'package.module:function'"
     )
 
 
@@ -336,10 +401,7 @@ class RewardRunner:
         for i, row in enumerate(rows):
             if not isinstance(row, dict):
                 raise ValueError(f"rows[{i}] must be a dict, got {type(row).__name__}")
-        kwargs_per_sample = [
-            {**{k: v for k, v in row.items() if k not in _RESERVED_ROW_KEYS}, "truncated": bool(t)}
-            for row, t in zip(rows, truncated, strict=True)
-        ]
+        kwargs_per_sample = [reward_kwargs(row, t) for row, t in zip(rows, truncated, strict=True)]
         # the small epsilon keeps e.g. 0.7 * 90 = 62.99999999999999 at 63 allowed failures
         max_failures = math.floor(self.max_failure_fraction * count + 1e-9)
         outcomes: dict[str, list[CallOutcome]] = {}
@@ -368,7 +430,12 @@ class RewardRunner:
         if invalid and not self.warned:
             self.warned = True
             first = next(i for i, ok in enumerate(result.valid) if not ok)
-            _tell(first_failure_text(result, rows[first], responses[first], first, where))
+            text = first_failure_text(result, rows[first], responses[first], first, where)
+            if is_timeout_error(result.error(first) or ""):
+                text += (
+                    f"\n  (a reward that needs longer: raise reward.timeout_s ({self.timeout_s} s))"
+                )
+            _tell(text)
         if invalid > max_failures:
             shown = next((f for f in result.failures if "Traceback" in f), result.failures[0])
             raise RewardFailureError(

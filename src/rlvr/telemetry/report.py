@@ -16,7 +16,15 @@ from typing import Any
 
 from rlvr.jsonio import atomic_write_text
 from rlvr.telemetry.plots import PLOTS
-from rlvr.telemetry.report_data import ABSENT, RunData, config_diff, load_run, run_labels, series
+from rlvr.telemetry.report_data import (
+    ABSENT,
+    RunData,
+    config_diff,
+    load_run,
+    run_labels,
+    run_state,
+    series,
+)
 from rlvr.telemetry.report_eval import eval_section
 
 REPORT_FILE = "report.html"
@@ -85,58 +93,103 @@ def _eval_change(run: RunData) -> str:
     for key in keys:
         name = key.removeprefix("eval/")
         was = first.get(key) if first is not last and first.get("step") == 0 else None
-        parts.append(
-            f"{name}: {was:.3f} -> {last[key]:.3f} ({last[key] - was:+.3f})"
-            if isinstance(was, float)
-            else f"{name}: {last[key]:.3f} (step {last.get('step')})"
-        )
+        if isinstance(was, float):
+            parts.append(f"{name}: {was:.3f} -> {last[key]:.3f} ({last[key] - was:+.3f})")
+        elif last.get("step") == 0:
+            parts.append(f"{name}: {last[key]:.3f} before training; no evaluation after training")
+        else:
+            parts.append(f"{name}: {last[key]:.3f} (step {last.get('step')})")
+    for key, now in last.items():  # each score beside its replies cut at the token limit
+        if not (key.startswith("eval/") and key.endswith("/truncated_frac")):
+            continue
+        name = key.removeprefix("eval/").removesuffix("/truncated_frac")
+        was = first.get(key) if first is not last and first.get("step") == 0 else None
+        if now or was:
+            cut = f"{was:.0%} -> {now:.0%}" if isinstance(was, float) else f"{now:.0%}"
+            parts.append(f"{name} replies cut at the token limit: {cut}")
     return "; ".join(parts)
 
 
 def _failures(run: RunData) -> str:
+    """Training replies whose reward raised, and held-out gradings that raised at the last
+    evaluation (graded wrong: the held-out score counts them as wrong answers)."""
+    parts = []
     steps, rates = series(run.metrics, "reward_failure_rate")
-    if not len(rates) or not rates.max() > 0:
-        return "none"
-    worst = int(rates.argmax())
-    return (
-        f"{rates.mean():.0%} of replies (at most {rates[worst]:.0%}, step {int(steps[worst])}): "
-        "their messages are in samples/ ('reward_error')"
-    )
+    if len(rates) and rates.max() > 0:
+        worst = int(rates.argmax())
+        parts.append(
+            f"{rates.mean():.0%} of replies (at most {rates[worst]:.0%}, step "
+            f"{int(steps[worst])}): their messages are in samples/ ('reward_error')"
+        )
+    evals = [m for m in run.metrics if any(k.startswith("eval/") for k in m)]
+    last = evals[-1] if evals else {}
+    for key, value in last.items():
+        if key.startswith("eval/") and key.endswith("/reward_failed_frac") and value:
+            where = key.removeprefix("eval/").removesuffix("/reward_failed_frac")
+            parts.append(
+                f"held-out {where}: {value:.0%} of gradings raised at the last evaluation "
+                "(graded wrong; their messages: eval/step_N.json 'reward_errors')"
+            )
+    return "; ".join(parts) or "none"
 
 
-def _summary_section(runs: Sequence[RunData]) -> str:
-    """Did it work? Per run: held-out scores before -> after, the training reward's start ->
-    end, reward failures, truncation, health."""
+SUMMARY_COLUMNS = (
+    "run",
+    "run state",
+    "steps",
+    "held-out: before training -> last evaluation",
+    "reward_mean: first -> last steps",
+    "correct: first -> last steps",
+    "reward failures",
+    "truncated (last step)",
+    "health",
+)
+SUMMARY_FILE = "did_it_work.txt"  # the first table as text, beside report.html
+
+
+def _summary_rows(runs: Sequence[RunData]) -> list[list[str]]:
+    """Did it work? Per run (SUMMARY_COLUMNS): how it ended, its steps, held-out scores before
+    -> after, the training reward's start -> end, reward failures, truncation, health."""
     rows = []
     for run in runs:
         steps, _ = series(run.metrics, "step")
         trained = int(steps.max()) if len(steps) else 0
+        planned = (run.config or {}).get("train.max_steps")
         _, trunc = series(run.metrics, "truncation_rate")
-        status = (run.health or {}).get("status", "no health record")
-        cells = [
-            run.label,
-            str(trained),
-            _eval_change(run),
-            _first_last(run, "reward_mean"),
-            _first_last(run, "correct"),
-            _failures(run),
-            f"{trunc[-1]:.0%}" if len(trunc) else "-",
-            status,
-        ]
-        rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>")
-    head = "".join(
-        f"<th>{_e(c)}</th>"
-        for c in (
-            "run",
-            "steps",
-            "held-out: before training -> last evaluation",
-            "reward_mean: first -> last steps",
-            "correct: first -> last steps",
-            "reward failures",
-            "truncated (last step)",
-            "health",
+        status = (run.health or {}).get("status", "no health event")
+        rows.append(
+            [
+                run.label,
+                run_state(run.status),
+                f"{trained} of {planned}" if isinstance(planned, int) else str(trained),
+                _eval_change(run),
+                _first_last(run, "reward_mean"),
+                _first_last(run, "correct"),
+                _failures(run),
+                f"{trunc[-1]:.0%}" if len(trunc) else "-",
+                status,
+            ]
         )
-    )
+    return rows
+
+
+def summary_text(runs: Sequence[RunData]) -> str:
+    """The "Did it work?" table as text: one block per run (`rlvr report` prints it)."""
+    lines = ["Did it work?"]
+    for row in _summary_rows(runs):
+        label, state, steps, *rest = row
+        lines.append(f"{label}: {state}, {steps} steps")
+        lines += [f"  {c}: {v}" for c, v in zip(SUMMARY_COLUMNS[3:], rest, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_section(runs: Sequence[RunData]) -> str:
+    """The "Did it work?" table (`_summary_rows`)."""
+    rows = [
+        "<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells) + "</tr>"
+        for cells in _summary_rows(runs)
+    ]
+    head = "".join(f"<th>{_e(c)}</th>" for c in SUMMARY_COLUMNS)
     return (
         "<h2>Did it work?</h2><p class='note'>Held-out scores before training and at the last "
         "evaluation; the training reward averaged over the first and the last three steps (fewer "
@@ -321,6 +374,7 @@ def write_report(run_dirs: Sequence[Path], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now().isoformat(timespec="seconds")
     title = "rlvr report: " + ", ".join(run.label for run in runs)
+    atomic_write_text(out_dir / SUMMARY_FILE, summary_text(runs))
     body = "".join(
         [
             f"<h1>{_e(title)}</h1><p class='note'>Generated {_e(stamp)}.</p>",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ class RunData:
     config: dict[str, Any] | None  # flattened dotted keys; None when there is no config.yaml
     health: dict[str, Any] | None
     samples: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
+    status: dict[str, Any] | None = None  # status.json; None when there is none
 
     def has(self, key: str) -> bool:
         """True when at least one step logged a number for ``key``."""
@@ -168,7 +170,46 @@ def load_run(run_dir: Path, label: str, *, sample_steps: int = 2) -> RunData:
         config=load_config(run_dir),
         health=read_health(run_dir),
         samples=[(s, read_samples(run_dir, s)) for s in chosen],
+        status=read_status(run_dir),
     )
+
+
+STATUS_FILE = "status.json"  # written by rlvr.training.loop.write_status
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """A run's ``status.json`` (how it ended, or "running"); None when it has none or it is not
+    a JSON object."""
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def run_state(status: Mapping[str, Any] | None) -> str:
+    """How a run ended, in words, from its status.json."""
+    if status is None:
+        return "unknown (no status.json)"
+    state, step = status.get("state"), status.get("step")
+    after = f" after step {step}" if step is not None else ""
+    if state == "finished":
+        return "finished"
+    if state == "running":
+        return (
+            "not finished: status.json says running (still running, or killed without a "
+            "word; rlvr train --resume RUN_DIR continues from its last checkpoint)"
+        )
+    if state == "failed":
+        return f"failed{after}: {status.get('error', 'no error recorded')}"
+    if state == "preempted":
+        return f"preempted ({status.get('signal', 'a stop signal')}){after}: resume it"
+    if state == "interrupted":
+        return f"interrupted{after}"
+    if state == "stopped_by_health":
+        return f"stopped by the health gate ({status.get('rule', 'a rule')})"
+    return f"{state}{after}"
 
 
 def run_labels(run_dirs: Sequence[Path]) -> list[str]:

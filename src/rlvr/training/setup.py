@@ -40,7 +40,7 @@ from rlvr.rewards.runner import RewardRunner
 from rlvr.rollout.builder import build_engine
 from rlvr.rollout.episodes import EpisodeRunner
 from rlvr.training.batching import PromptSampler
-from rlvr.training.preflight.checks import check_config, distributed_problems
+from rlvr.training.preflight.checks import check_config, distributed_problems, run_dir_taken
 from rlvr.training.preflight.memory_check import memory_preflight
 from rlvr.training.preflight.memory_plan import MemoryPlan
 from rlvr.training.preflight.prompts import check_prompt_lengths
@@ -147,11 +147,8 @@ def make_run_dir(cfg: Config, run_dir: Path | None, *, reuse: bool = False) -> P
     if run_dir is None:
         run_dir = Path(cfg.train.output_dir) / cfg.run_name()
     run_dir = Path(run_dir)
-    if (run_dir / "metrics.jsonl").exists() and not reuse:
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run; pick another train.run_name or resume "
-            f"it with `rlvr train --resume {run_dir}`"
-        )
+    if not reuse and (taken := run_dir_taken(run_dir)) is not None:
+        raise ConfigError(taken)
     run_dir.mkdir(parents=True, exist_ok=True)
     # atomic: a full disk must never leave a torn config.yaml that a resume would read
     atomic_write_text(run_dir / "config.yaml", cfg.to_yaml())

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from rlvr import onednn_cache
 from rlvr.allocator import describe as describe_allocator
 from rlvr.config import Config
+from rlvr.data.rows import reward_line
 from rlvr.eval.in_training import InTrainingEvaluator
 from rlvr.jsonio import atomic_write_text
 from rlvr.model.precision import precision_text
@@ -347,6 +348,7 @@ class Trainer:
             if (box := sandbox_in_use()) is not None:  # model-written code runs (docs/sandbox.md)
                 print(f"[rlvr] sandbox: {box}", flush=True)
             print(f"[rlvr] data: {data_line(cfg, run.train_rows, run.eval_rows)}", flush=True)
+            print(f"[rlvr] reward: {reward_line(cfg)}", flush=True)
             for note in cfg.inferred().values():
                 print(f"[rlvr] inferred: {note}", flush=True)
             if (rc := cfg.algo.correction()) is not None:

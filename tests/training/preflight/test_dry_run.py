@@ -198,3 +198,49 @@ def test_a_dry_run_with_no_route_to_the_hub_goes_offline_at_once(tmp_path: Path)
     assert "not checked: data not read" in out
     assert "steps: 500 (epochs not known: the train rows were not read)" in out
     assert "epochs over the train rows" not in out
+
+
+def test_dry_run_fails_where_the_run_would_refuse_its_directory(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Running the README's commands a second time: the dry run said OK, then `rlvr train`
+    refused at once ('run directory ... already holds a run')."""
+    from rlvr.cli.main import main
+
+    old = tmp_path / "runs" / "mine"
+    old.mkdir(parents=True)
+    (old / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert main(_dry(tiny_model_dir, tmp_path, "train.run_name=mine")) == 2
+    out = capsys.readouterr().out
+    assert f"config problem: run directory {old} already holds a run" in out
+    assert main([*_dry(tiny_model_dir, tmp_path, "train.run_name=other")]) == 0
+
+
+def test_a_held_out_file_alone_says_what_to_do_and_nothing_else(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """data.eval_path alone (train on the built-in task, grade on my file?) got 'data.task=file
+    needs data.train_path' and a second problem 'data not read: None: no such file'."""
+    from rlvr.cli.main import main
+
+    held = _write_rows(tmp_path / "heldout.jsonl", ["1+1"])
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.eval_path={held}")) == 2
+    out = capsys.readouterr().out
+    assert "None" not in out.partition("config problem")[2], out
+    assert "data.task=file needs data.train_path" in out
+    assert "eval.sets=[{name: heldout, path: " in out  # the built-in task, graded on the file
+
+
+def test_the_dry_run_names_the_reward_a_data_file_is_graded_with(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A data file without reward.specs is graded by the maths grader: nothing said so."""
+    from rlvr.cli.main import main
+
+    rows = _write_rows(tmp_path / "train.jsonl", ["1+1"])
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}")) == 0
+    out = capsys.readouterr().out
+    assert "reward: math (data.task=file's grader: reward.specs is empty;" in out
+    both = "reward.specs=[{name: math}, {name: countdown, weight: 0.5}]"
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}", both)) == 0
+    assert "reward: math + 0.5 x countdown\n" in capsys.readouterr().out

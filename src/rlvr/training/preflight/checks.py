@@ -7,6 +7,7 @@ the processes are up, what a multi-process run cannot do. Each message names the
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 from rlvr.algorithms import AGG_MODES
 from rlvr.config import BUILTIN_ENVS, VLLM_ROLLOUT_CORRECTION, Config, ConfigError, validate
@@ -19,6 +20,17 @@ from rlvr.rewards.runner import validate_reward_spec
 from rlvr.rollout.agents import agent_problems, is_agent_env
 from rlvr.rollout.builder import VLLM_KINDS, engine_kind
 from rlvr.sandbox import sandbox_problem
+
+
+def run_dir_taken(run_dir: Path) -> str | None:
+    """Why a fresh run may not write into ``run_dir`` (another run's metrics are there), or
+    None."""
+    if (Path(run_dir) / "metrics.jsonl").exists():
+        return (
+            f"run directory {run_dir} already holds a run; pick another train.run_name or resume "
+            f"it with `rlvr train --resume {run_dir}`"
+        )
+    return None
 
 
 def apply_objective_defaults(cfg: Config) -> dict[str, float]:

@@ -11,12 +11,13 @@ silently.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rlvr.config import Config
 from rlvr.data.hub import HubUnreachable
 from rlvr.data.multimodal import has_images, render_inputs
 from rlvr.data.records import DataError
-from rlvr.data.rows import load_rows_for, reward_specs
+from rlvr.data.rows import load_rows_for, reward_line, reward_specs
 from rlvr.data.templates import render_prompt, render_rows
 from rlvr.model.loading import (
     ModelLoadError,
@@ -26,10 +27,10 @@ from rlvr.model.loading import (
 )
 from rlvr.model.vlm import is_vlm, load_processor
 from rlvr.rewards.registry import is_user_target
-from rlvr.rewards.runner import RewardRunner
+from rlvr.rewards.runner import RewardRunner, is_return_error, is_timeout_error, reward_kwargs
 from rlvr.rollout.agents import is_agent_env
 from rlvr.rollout.episodes import EpisodeRunner
-from rlvr.training.preflight.checks import config_problems
+from rlvr.training.preflight.checks import config_problems, run_dir_taken
 from rlvr.training.preflight.prompts import prompt_lengths, too_long
 from rlvr.training.schedule import format_preflight, run_preflight
 
@@ -53,6 +54,7 @@ class Plan:
     schedule_ok: bool
     problems: list[str] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
+    reward_checks: list[str] = field(default_factory=list)  # what each own reward did on row 1
 
     @property
     def ok(self) -> bool:
@@ -96,10 +98,13 @@ def _example(cfg: Config, tokenizer, row: dict, processor) -> str:
 PLACEHOLDER_REPLY = "The answer is 42."
 
 
-def reward_call_problems(cfg: Config, row: dict) -> list[str]:
+def reward_call_problems(cfg: Config, row: dict, checks: list[str] | None = None) -> list[str]:
     """Each of your own rewards (``module:function``) called once, as training calls it, on the
-    first train row with a placeholder reply: a signature that does not take the row's fields
-    fails here, not at step 1. Built-ins are not called (their signature is rlvr's own)."""
+    first train row with a placeholder reply: a signature that does not take the row's fields,
+    or a return value that is no finite number (None, a string, TRL's list per batch, NaN: every
+    reply would fail), fails here, not at step 1. What it returned, or raised (scoring or
+    refusing a placeholder is the reward's business), is appended to ``checks``. Built-ins are
+    not called (their signature is rlvr's own)."""
     out = []
     for i, spec in enumerate(reward_specs(cfg)):
         if not is_user_target(spec.name):
@@ -112,22 +117,55 @@ def reward_call_problems(cfg: Config, row: dict) -> list[str]:
                 [row["prompt"]], [PLACEHOLDER_REPLY], [row["answer"]], [row], [False]
             )
         error = result.error(0)
-        if error is None or "TypeError" not in error:
-            continue  # scoring a placeholder 0, or refusing it, is the reward's business
-        fields = ", ".join(k for k in row if not k.startswith("_") and k != "answer")
+        where = (
+            f"reward.specs[{i}] ({spec.name}) on {row.get('_source', 'train row 1')} with a "
+            f"placeholder reply {PLACEHOLDER_REPLY!r}"
+        )
+        if error is None:
+            value = result.scores[0] / spec.weight if spec.weight else result.scores[0]
+            if checks is not None:
+                checks.append(f"{where}: returned {float(value)!r}")
+            continue
+        if is_return_error(error):
+            out.append(
+                f"{where}: {error}; a reward returns a float (0 for a wrong reply) or a "
+                "RewardResult for every reply: one it cannot score fails (no advantage, and "
+                "more than reward.max_failure_fraction of a batch stops the run)"
+            )
+            continue
+        if is_timeout_error(error):
+            if checks is not None:
+                checks.append(
+                    f"{where}: took longer than reward.timeout_s={cfg.reward.timeout_s} s (each "
+                    "call that does scores nothing: raise reward.timeout_s if it needs longer)"
+                )
+            continue
+        if "TypeError" not in error:
+            if checks is not None:
+                checks.append(
+                    f"{where}: raised {error.partition(': ')[2]} (each reply it raises on "
+                    "scores nothing; more than reward.max_failure_fraction of a batch stops "
+                    "the run)"
+                )
+            continue
+        fields = ", ".join([*reward_kwargs(row, False), *spec.kwargs])
         out.append(
             f"reward.specs[{i}] ({spec.name}): called on {row.get('_source', 'train row 1')} "
             f"with a placeholder reply, it failed: {error}. A reward is called as "
-            f"f(prompt, response, reference, **fields, truncated=bool) with this row's fields "
-            f"({fields}): name the ones it reads and end with **kwargs"
+            f"f(prompt, response, reference, **fields) with this row's fields ({fields}) as "
+            "keyword arguments: name the ones it reads and end with **kwargs"
         )
     return out
 
 
-def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
-    """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input."""
+def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False) -> Plan:
+    """Everything `--dry-run` checks and prints. Raises ConfigError / DataError on bad input.
+    A fresh run (not ``resuming``) named after a run directory that holds a run fails, as
+    `rlvr train` would at once."""
 
     problems = config_problems(cfg)
+    if not resuming and (taken := run_dir_taken(Path(cfg.train.output_dir) / cfg.run_name())):
+        problems.append(taken)
     unchecked: list[str] = []
     try:
         train, evals = load_rows_for(cfg)
@@ -136,7 +174,9 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
         unchecked.append(f"data not read: {exc}")
     except DataError as exc:  # a missing local folder is already a problem; print the rest
         train, evals = [], []
-        if not any(p.startswith(("data.train_path", "data.eval_path")) for p in problems):
+        if not any(
+            p.startswith(("data.train_path", "data.eval_path", "data.task")) for p in problems
+        ):
             problems.append(f"data not read: {exc}")
     a, t, d = cfg.algo, cfg.train, cfg.data
     sequences = cfg.rollout_batch_sequences()
@@ -169,8 +209,9 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
                 unchecked.append(
                     f"prompt lengths checked on the first {len(sample)} of {len(train)} rows"
                 )
+    checks: list[str] = []
     if train and not any(p.startswith("reward.specs") for p in problems):
-        problems.extend(reward_call_problems(cfg, train[0]))
+        problems.extend(reward_call_problems(cfg, train[0], checks))
     if path is not None:
         problems.extend(cfg.validate_against_model(model_context_length(path)))
     res = run_preflight(t)
@@ -190,6 +231,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000) -> Plan:
         schedule_ok=res.ok,
         problems=problems,
         unchecked=unchecked,
+        reward_checks=checks,
     )
 
 
@@ -201,6 +243,7 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         f"model: {cfg.model.name_or_path} (weights not loaded)",
         f"objective: {cfg.algo.objective}",
         f"data: {source}; template {d.template}",
+        f"reward: {reward_line(cfg)}",
         *(f"inferred: {note}" for note in cfg.inferred().values()),
         f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
         + (" (data not read)" if plan.train_rows == 0 else ""),
@@ -225,14 +268,15 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         f"({cfg.train.schedule}, warmup {cfg.train.warmup_steps}, peak {cfg.train.lr:g}):",
         plan.schedule_text,
     ]
+    lines += [f"reward check: {c}" for c in plan.reward_checks]
     lines += [f"not checked: {u}" for u in plan.unchecked]
     lines += [f"config problem: {p}" for p in plan.problems]
     lines.append("dry run OK: nothing was trained" if plan.ok else "dry run FAILED")
     return "\n".join(lines)
 
 
-def run_dry(cfg: Config) -> int:
+def run_dry(cfg: Config, *, resuming: bool = False) -> int:
     """Print the plan; 0 when it passes every check, 2 otherwise."""
-    plan = make_plan(cfg)
+    plan = make_plan(cfg, resuming=resuming)
     print(format_plan(cfg, plan), flush=True)
     return 0 if plan.ok else 2
