@@ -328,6 +328,9 @@ class Step:
         pad = self.run.tokenizer.pad_token_id
         comps = batch.completions
         engine: list = [None] * n  # the engine's log-probs, for the rollout correction
+        # the policy itself, dropout off (model.lora.dropout, a model's own): the engine samples
+        # without dropout, and the update (which sets train mode again) left it on
+        self.state.model.eval()
         with torch.no_grad():
             for idx in self.run.objective.micro_batches(list(range(n)), batch):
                 sb = batch.sequence_batch(
