@@ -318,6 +318,12 @@ class ServerEngine:
             self._paused = False
             http_post(self.url, "/resume", {}, timeout_s=self.timeout_s, token=self.token)
 
+    def abort_generations(self) -> None:
+        """End every generation in flight on the server (vLLM's ``/abort_requests``): their
+        replies come back aborted, so the ``generate`` waiting on them raises at once (a run that
+        stops does not wait for a batch ahead it will not train on)."""
+        http_post(self.url, "/abort_requests", {}, timeout_s=30, token=self.token)
+
     # ------------------------------------------------------------------ weight sync
     def _rpc(self, method: str, *args: str, timeout_s: float | None = None):
         body = {"method": method, "args": [str(a) for a in args]}
