@@ -45,6 +45,11 @@ EQUIVALENTS = [
     ("rollout_is_threshold=2", "algo.rollout_correction.cap"),
     ("rollout_rs=token", "algo.rollout_correction.action"),
     ("rollout_rs_threshold_lower=0.5", "algo.rollout_correction.low"),
+    # asynchrony: verl's fully async recipe (async_training.*), AReaL's staleness bound
+    ("async_training.partial_rollout=true", "rollout.partial"),
+    ("rollout.partial_rollout=true", "rollout.partial"),
+    ("async_training.staleness_threshold=0.5", "rollout.max_staleness"),
+    ("max_head_offpolicyness=2", "rollout.max_staleness"),
 ]
 
 
