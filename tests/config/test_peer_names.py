@@ -61,6 +61,11 @@ EQUIVALENTS = [
     ("per_device_eval_batch_size=8", "eval.batch_size"),
     ("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "train.warmup_steps"),  # verl
     ("actor_rollout_ref.actor.optim.warmup_style=cosine", "train.schedule"),
+    # asynchrony: verl's fully async recipe (async_training.*), AReaL's staleness bound
+    ("async_training.partial_rollout=true", "rollout.partial"),
+    ("rollout.partial_rollout=true", "rollout.partial"),
+    ("async_training.staleness_threshold=0.5", "rollout.max_staleness"),
+    ("max_head_offpolicyness=2", "rollout.max_staleness"),
 ]
 
 

@@ -96,3 +96,25 @@ def test_vllm_ranks_and_the_server_command(tiny_model_dir):
     assert "--enable-lora" not in server_command(
         load_config(None, []), tiny_model_dir, torch.float32, port=1
     )
+
+
+def test_an_adapter_sync_that_cannot_happen_is_refused_naming_the_knobs():
+    """rollout.lora_sync=adapter asks for something only a LoRA run with vLLM does: without
+    model.lora.enabled, or with the hf engine (which samples from the trainer's own module and
+    syncs nothing), the config check says so instead of ignoring the knob."""
+    from rlvr.training.preflight.checks import config_problems
+
+    def refusals(*overrides: str) -> list[str]:
+        cfg = load_config(None, ["rollout.lora_sync=adapter", *overrides])
+        return [p for p in config_problems(cfg) if "rollout.lora_sync=adapter" in p]
+
+    (no_lora,) = refusals("rollout.mode=server")
+    assert "model.lora.enabled" in no_lora
+    (hf,) = refusals("model.lora.enabled=true", "rollout.engine=hf")
+    assert "rollout.engine" in hf and "hf" in hf
+    assert refusals("model.lora.enabled=true", "rollout.mode=server") == []
+    assert refusals("model.lora.enabled=true", "rollout.engine=vllm") == []
+    # auto and merged stay quiet wherever they fall back to what the run can do
+    for sync in ("auto", "merged"):
+        cfg = load_config(None, [f"rollout.lora_sync={sync}", "rollout.engine=hf"])
+        assert not [p for p in config_problems(cfg) if "rollout.lora_sync" in p]

@@ -209,3 +209,36 @@ def test_the_weight_group_store_listens_on_the_sync_host_only():
     worker.broadcast([got], opts).wait()
     work.wait()
     assert torch.equal(got, sent)
+
+
+def test_a_pause_cut_short_in_flight_is_undone_and_a_connecting_trainer_resumes_the_server(
+    monkeypatch,
+):
+    """rollout.partial: a Ctrl-C, or a stop signal's Preempted raised in an evaluation's push,
+    may land while ``/pause`` is in flight, after the server paused: the client must still
+    resume it, else every later generation on that server (a standalone `rlvr rollout-server`
+    outlives the trainer) waits forever (no timeout on /inference/v1/generate). And a trainer
+    that connects resumes a server a previous one left paused."""
+    import rlvr.rollout.server as srv
+
+    server = {"paused": False, "calls": []}
+
+    def post(url, path, body, **kw):
+        server["calls"].append(path)
+        if path.startswith("/pause"):
+            server["paused"] = True  # the server paused; the answer never reaches the client
+            raise KeyboardInterrupt
+        if path == "/resume":
+            server["paused"] = False
+        return {}
+
+    monkeypatch.setattr(srv, "http_post", post)
+    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
+    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
+    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True, partial=True)
+    with pytest.raises(KeyboardInterrupt), engine.paused():
+        pytest.fail("the block runs only once the server paused")
+    assert not server["paused"] and server["calls"][-1] == "/resume"
+    server["paused"] = True  # left so by a trainer killed inside its push
+    ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    assert not server["paused"]

@@ -227,3 +227,30 @@ def test_the_server_serves_the_adapter_and_a_push_mid_generation_moves_it(
         assert float((lp[:cut] - old[:cut]).abs().max()) < LOGPROB_TOL
         assert float((lp[cut:] - new[cut:]).abs().max()) < LOGPROB_TOL
         assert float((new[cut:] - old[cut:]).abs().max()) > STALE_MIN
+
+
+def test_a_trainer_that_reconnects_to_the_server_registers_its_own_adapter(
+    vllm_model_dir, lora_server
+):
+    """A restarted trainer (`rlvr train --resume` against the same `rlvr rollout-server`) comes
+    with an adapter folder of its own, while vLLM still holds an adapter under rlvr's name (the
+    previous trainer's, its folder removed): the new one replaces it, and the server samples
+    from each trainer's adapter in turn."""
+    from rlvr.rollout.server import ServerEngine
+
+    tok, fresh = _peft_from(vllm_model_dir)
+    trained = trained_copy(fresh, tok)
+    cfg = load_config(
+        None,
+        [f"model.name_or_path={vllm_model_dir}", "model.autocast=off", "rollout.mode=server"]
+        + [f"rollout.server_url={lora_server}", *SERVER_LORA],
+    )
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    for model in (trained, fresh, trained):  # three trainers, one after the other
+        engine = ServerEngine.from_trainer(cfg, model, tok)
+        try:
+            prompts, comps, lps = _sample(engine, ids)
+        finally:
+            engine.close()
+        diff = max_abs_diff(trainer_logprobs(model, prompts, comps, tok.pad_token_id), lps)
+        assert diff < LOGPROB_TOL

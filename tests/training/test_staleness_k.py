@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 
 import pytest
@@ -307,3 +308,64 @@ def test_a_batch_ahead_with_episodes_and_images_comes_back_from_a_checkpoint_equ
     assert v.images[0].mode == "RGB" and np.array_equal(np.asarray(v.images[0]), pixels)
     for key, t in vision[0].inputs.items():
         assert v.inputs[key].dtype == t.dtype and torch.equal(v.inputs[key], t), key
+
+
+class _AbortableWorker(WorkerEngine):
+    """A rollout server whose generations ahead take ``LONG_S`` (long replies) unless aborted
+    (``abort_generations``: vLLM's /abort_requests), and then fail as vLLM's aborted replies do."""
+
+    LONG_S = 30.0
+
+    def __init__(self, model, tokenizer):
+        super().__init__(model, tokenizer)
+        self.aborted = threading.Event()
+        self.calls = 0
+
+    def generate(self, prompt_ids, params, vision=None):
+        self.calls += 1
+        if self.calls > 1 and self.aborted.wait(self.LONG_S):  # a batch ahead
+            raise RuntimeError("the rollout server finished with 'abort'")
+        return super().generate(prompt_ids, params, vision)
+
+    def abort_generations(self) -> None:
+        self.aborted.set()
+
+
+def test_a_stop_signal_does_not_wait_for_the_generation_running_ahead(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """SIGTERM in the update of step 1 of a k=1 run whose batch ahead takes 30 s: the stop's
+    checkpoint keeps only the finished batches (none), and the run must then end, not wait for
+    the generation still running on the server (the cluster's SIGKILL would come first, and exit
+    code 137 instead of 4 reads as a failure): the engine's generations in flight are aborted."""
+    import os
+    import signal
+
+    from rlvr.training.preempt import Preempted
+
+    engines: list[_AbortableWorker] = []
+
+    def build(cfg, model, tok, *a, **k):
+        engines.append(_AbortableWorker(model, tok))
+        return engines[-1]
+
+    monkeypatch.setattr(setup_mod, "build_engine", build)
+    sent: list[float] = []
+
+    def update_then_stop(*args):
+        out = REAL_UPDATE(*args)
+        if not sent:
+            sent.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(step_mod, "update", update_then_stop)
+    cfg = _cfg(tiny_model_dir, tmp_path, "rollout.max_staleness=1", "train.stop_grace_s=2")
+    trainer = Trainer(cfg)
+    with pytest.raises(Preempted):
+        trainer.fit()
+    took = time.monotonic() - sent[0]
+    assert took < 10, f"the run ended {took:.1f} s after the signal"
+    assert engines[0].aborted.is_set()
+    status = json.loads((trainer.run.run_dir / "status.json").read_text())
+    assert status["state"] == "preempted" and status["step"] == 1

@@ -14,7 +14,13 @@ class LoraConfig(Section):
     enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
     rank: int = Field(16, gt=0, description="LoRA rank r.")
     alpha: int = Field(32, gt=0, description="LoRA alpha (scale = alpha / rank).")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA path.")
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the LoRA path, in the update's forward only (rollouts and the "
+        "step's old and reference log-probs run without it).",
+    )
     target_modules: list[str] | str = Field(
         default_factory=lambda: list(ATTENTION_PROJECTIONS),
         description="Module names to adapt; attention projections by default, or 'all-linear'.",

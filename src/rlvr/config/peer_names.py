@@ -109,6 +109,20 @@ PEER_NAMES: dict[str, tuple[str | None, str]] = {
     "use_vllm": ("rollout.engine", "rollout.engine=vllm"),
     "vllm_mode": ("rollout.mode", "colocate -> colocated, server -> server"),
     "vllm_gpu_memory_utilization": ("rollout.gpu_memory_utilization", ""),
+    # ---- asynchrony: verl's fully async recipe (async_training.*), AReaL
+    "partial_rollout": (
+        "rollout.partial",
+        "a weight push pauses the generations in flight and continues them on the new weights; "
+        "rlvr's needs rollout.mode=server and rollout.max_staleness >= 1",
+    ),
+    "staleness_threshold": (
+        "rollout.max_staleness",
+        "verl's is a share of stale samples per step; rlvr's the versions a batch may lag (0-4)",
+    ),
+    "max_head_offpolicyness": (
+        "rollout.max_staleness",
+        "AReaL's eta: versions a sample may lag; a batch beyond it is regenerated",
+    ),
     "vllm_tensor_parallel_size": ("rollout.tensor_parallel_size", ""),
     "temperature": ("rollout.temperature", ""),
     "top_p": ("rollout.top_p", ""),

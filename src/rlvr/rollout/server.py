@@ -186,6 +186,9 @@ class ServerEngine:
         http_get(self.url, "/health", timeout_s=30)
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self._join(sync_host, sync_port or free_port(sync_host))
+        # a previous trainer killed inside a partial push (rollout.partial) may have left the
+        # server paused: every generation would wait for a /resume that never comes
+        http_post(self.url, "/resume", {}, timeout_s=60, token=self.token)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -298,20 +301,28 @@ class ServerEngine:
         loads the new weights and preempts them (``load_weights`` resets the prefix cache with
         ``reset_running_requests``: their KV cache came from the old weights, so each is
         recomputed from its prompt and tokens so far on the new ones), the version label is set,
-        and ``/resume`` continues them. Their later tokens carry the new label and its log-probs."""
-        http_post(
-            self.url,
-            "/pause?mode=keep&clear_cache=false",
-            {},
-            timeout_s=self.timeout_s,
-            token=self.token,
-        )
+        and ``/resume`` continues them. Their later tokens carry the new label and its log-probs.
+        Whatever stops the block, the pause call itself included (an exception raised while it
+        was in flight, after the server paused), ``/resume`` is sent."""
         self._paused = True
         try:
+            http_post(
+                self.url,
+                "/pause?mode=keep&clear_cache=false",
+                {},
+                timeout_s=self.timeout_s,
+                token=self.token,
+            )
             yield
         finally:
             self._paused = False
             http_post(self.url, "/resume", {}, timeout_s=self.timeout_s, token=self.token)
+
+    def abort_generations(self) -> None:
+        """End every generation in flight on the server (vLLM's ``/abort_requests``): their
+        replies come back aborted, so the ``generate`` waiting on them raises at once (a run that
+        stops does not wait for a batch ahead it will not train on)."""
+        http_post(self.url, "/abort_requests", {}, timeout_s=30, token=self.token)
 
     # ------------------------------------------------------------------ weight sync
     def _rpc(self, method: str, *args: str, timeout_s: float | None = None):

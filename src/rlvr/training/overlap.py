@@ -168,15 +168,18 @@ class Lookahead:
     zero-argument function) runs in the caller's thread, or in a worker thread when
     ``background``; ``take(step)`` hands the step its batch, and ``replaced`` records that the
     step generated it again as too stale (``too_stale``). ``pause`` (the engine's ``paused()``,
-    background only) makes pushes partial (module docstring)."""
+    background only) makes pushes partial (module docstring); ``abort`` (the engine's
+    ``abort_generations``) ends a generation still running at ``close``."""
 
     def __init__(
         self,
         depth: int,
         background: bool,
         pause: Callable[[], contextlib.AbstractContextManager] | None = None,
+        abort: Callable[[], None] | None = None,
     ):
         self.depth = depth
+        self._abort = abort if background else None
         self._pool = (
             ThreadPoolExecutor(1, thread_name_prefix="rlvr-lookahead") if background else None
         )
@@ -296,9 +299,16 @@ class Lookahead:
             self._next = int(s["step"]) + 1
 
     def close(self) -> None:
-        """Stop the worker thread: a queued generation is cancelled, one running is waited for."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the worker thread: a queued generation is cancelled, one running is aborted
+        (``abort``, the engine's ``abort_generations``: nothing will train on it, and a stop
+        signal's run must not wait for it) or, without one, waited for."""
+        if self._pool is None:
+            return
+        running = any(not e.finished for e in self._queue)
+        if running and self._abort is not None:
+            with contextlib.suppress(Exception):  # a server already gone: nothing to abort
+                self._abort()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ---------------------------------------------------------------------- batches as JSON

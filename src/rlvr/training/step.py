@@ -62,7 +62,8 @@ class Step:
         remote = getattr(run.engine, "remote", False)
         # rollout.partial: a push pauses the worker's generation instead of waiting for it
         pause = run.engine.paused if remote and run.cfg.rollout.partial else None
-        self._ahead = Lookahead(k, remote, pause) if k > 0 else None
+        abort = getattr(run.engine, "abort_generations", None)  # a stop does not wait for them
+        self._ahead = Lookahead(k, remote, pause, abort) if k > 0 else None
 
     # ------------------------------------------------------------------ the lookahead's life
     def state_dict(self, *, stopping: bool = False) -> dict:
@@ -83,7 +84,7 @@ class Step:
             self._ahead.load_state_dict(state.get("lookahead", {}))
 
     def close(self) -> None:
-        """Stop a generation running ahead (its thread), if any."""
+        """Stop a generation running ahead (its thread; aborted on a server), if any."""
         if self._ahead is not None:
             self._ahead.close()
 
@@ -328,6 +329,9 @@ class Step:
         pad = self.run.tokenizer.pad_token_id
         comps = batch.completions
         engine: list = [None] * n  # the engine's log-probs, for the rollout correction
+        # the policy itself, dropout off (model.lora.dropout, a model's own): the engine samples
+        # without dropout, and the update (which sets train mode again) left it on
+        self.state.model.eval()
         with torch.no_grad():
             for idx in self.run.objective.micro_batches(list(range(n)), batch):
                 sb = batch.sequence_batch(

@@ -147,6 +147,7 @@ def config_problems(cfg: Config) -> list[str]:
     out.extend(_staleness_problems(cfg, objective))
     out.extend(_env_problems(cfg, objective))
     r = cfg.rollout
+    out.extend(_lora_sync_problems(cfg))
     if r.sync_every > 1 and engine_kind(cfg, world_size=1) in VLLM_KINDS:
         out.append(
             f"rollout.sync_every={r.sync_every} with the vLLM engine (rollout.engine / "
@@ -176,6 +177,26 @@ def config_problems(cfg: Config) -> list[str]:
             out.append(f"reward.specs[{i}]: {exc}")
     out.extend(_sandbox_problems(cfg))
     return out
+
+
+def _lora_sync_problems(cfg: Config) -> list[str]:
+    """``rollout.lora_sync=adapter`` where no adapter would be synced: not a LoRA run, or the hf
+    engine (it samples from the trainer's own module; nothing is synced)."""
+    if cfg.rollout.lora_sync != "adapter":
+        return []
+    if not cfg.model.lora.enabled:
+        return [
+            "rollout.lora_sync=adapter syncs a LoRA adapter, but model.lora.enabled is false; "
+            "set model.lora.enabled=true or leave rollout.lora_sync unset (auto)"
+        ]
+    if engine_kind(cfg, world_size=1) == "hf":
+        return [
+            f"rollout.lora_sync=adapter needs vLLM rollouts, but the rollout engine is hf "
+            f"(rollout.engine={cfg.rollout.engine}; the hf engine samples from the trainer's own "
+            "module and syncs nothing); set rollout.engine=vllm or rollout.mode=server, or leave "
+            "rollout.lora_sync unset (auto)"
+        ]
+    return []
 
 
 def _sandbox_problems(cfg: Config) -> list[str]:
