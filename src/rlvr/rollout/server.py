@@ -428,26 +428,37 @@ class ServerEngine:
         nbytes = self._adapter_folder.write(tensors)
         path = str(self._adapter_folder.path)
         if not self._adapter_registered:
-            try:
-                http_post(
-                    self.url,
-                    "/v1/load_lora_adapter",
-                    {"lora_name": ADAPTER_NAME, "lora_path": path},
-                    token=self.token,
-                )
-            except RuntimeError as exc:
-                raise RuntimeError(
-                    f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
-                    "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
-                    "set rollout.lora_sync=merged"
-                ) from exc
-            self._adapter_registered = True
+            self._register_adapter(path)
         else:
             self._rpc("rlvr_reload_adapter", path)
         self._reset_prefix_cache()
         self.last_sync_stats = SyncStats(
             tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
         )
+
+    def _register_adapter(self, path: str) -> None:
+        """Register the adapter folder under rlvr's name. A name the server already holds (a
+        previous trainer's adapter: `rlvr train --resume` against the same `rlvr rollout-server`,
+        its folder removed) is unloaded first: vLLM refuses a second registration of a name."""
+        served = http_get(self.url, "/v1/models", token=self.token).get("data") or []
+        if any(m.get("id") == ADAPTER_NAME for m in served):
+            http_post(
+                self.url, "/v1/unload_lora_adapter", {"lora_name": ADAPTER_NAME}, token=self.token
+            )
+        try:
+            http_post(
+                self.url,
+                "/v1/load_lora_adapter",
+                {"lora_name": ADAPTER_NAME, "lora_path": path},
+                token=self.token,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
+                "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
+                "set rollout.lora_sync=merged"
+            ) from exc
+        self._adapter_registered = True
 
     def _reset_prefix_cache(self) -> None:
         """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
