@@ -210,6 +210,8 @@ class ServerEngine:
         if r.server_url:  # a `rlvr rollout-server`: its token comes in this process's environment
             kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(r.server_url, **kw, token=token_from_env())
+            if by_adapter:  # the adapter goes on the base model, not on what the server holds
+                engine.load_base(model.state_dict().items())
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
             return engine
@@ -380,9 +382,18 @@ class ServerEngine:
         if self._adapter_folder is not None:
             self._load_adapter(named_tensors)
             return
+        self._load_full(named_tensors, self._plan)
+
+    def load_base(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Adapter-only sync: the base model's weights (the LoRA tensors left out, not merged),
+        pushed when a trainer connects to a server it did not start, which may hold what a
+        previous trainer pushed (full weights, or a LoRA merged in)."""
+        self._load_full(without_adapters(named_tensors), {})
+
+    def _load_full(self, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: dict) -> None:
         t0, stats = time.perf_counter(), SyncStats()
         weights = checkpoint_weights(
-            named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
+            named_tensors, plan, adapter=self._adapter, tied=self._tied, stats=stats
         )
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = 0
