@@ -27,6 +27,7 @@ from test_server_e2e import RUN, _config, _lines
 from vllm_support import LOGPROB_TOL, STALE_MIN, TINY, trained_copy, trainer_logprobs
 
 from rlvr.rollout.base import SamplingParams
+from rlvr.rollout.server_auth import token_from_env
 from rlvr.rollout.server_launch import free_port
 from rlvr.training.trainer import Trainer
 
@@ -42,9 +43,12 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the tiny model with room for 64-token replies."""
+    """`rlvr rollout-server` for the tiny model with room for 64-token replies; its token in
+    this process's environment (the trainers here read it there)."""
+    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
     from rlvr.rollout.server_launch import wait_healthy
 
+    os.environ[TOKEN_ENV] = new_token()
     port = free_port("127.0.0.1")
     log = tmp_path_factory.mktemp("partial_log") / "server.log"
     cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
@@ -62,6 +66,7 @@ def server(model_dir, tmp_path_factory):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+        os.environ.pop(TOKEN_ENV, None)
 
 
 def _models(model_dir):
@@ -78,7 +83,9 @@ def test_a_generation_spanning_a_push_carries_both_versions_and_the_new_weights_
     from rlvr.rollout.server import ServerEngine
 
     tok, old, new = _models(model_dir)
-    engine = ServerEngine(server, dtype=torch.float32, tied=True, partial=True)
+    engine = ServerEngine(
+        server, dtype=torch.float32, tied=True, partial=True, token=token_from_env()
+    )
     prompt = tok("abc", add_special_tokens=False).input_ids
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=64, seed=3)
     spanning = []
@@ -134,3 +141,33 @@ def test_a_partial_run_logs_token_lags_within_one_version(model_dir, server, tmp
         for c in grp:
             versions = c["token_versions"] or [c["policy_version"]] * len(c["token_ids"])
             assert set(versions) <= {1, 2} and len(versions) == len(c["token_ids"])
+
+
+def test_an_abort_ends_the_generation_in_flight_at_once(model_dir, server):
+    """What a run that stops does with a batch ahead still generating (`Lookahead.close`): the
+    server aborts it (``/abort_requests``) and the ``generate`` waiting on it raises at once
+    instead of returning after the whole generation; the server then serves the next trainer."""
+    from rlvr.rollout.server import ServerEngine
+
+    tok, old, _ = _models(model_dir)
+    engine = ServerEngine(
+        server, dtype=torch.float32, tied=True, partial=True, token=token_from_env()
+    )
+    prompt = tok("abc", add_special_tokens=False).input_ids
+    try:
+        engine.load_weights(old.state_dict().items())
+        engine.policy_version = 0
+        # 512 replies of up to 64 tokens, 32 at a time (the server's max_num_seqs): seconds
+        long = SamplingParams(n=16, temperature=1.0, max_new_tokens=64, seed=3)
+        with ThreadPoolExecutor(1) as pool:
+            t = time.monotonic()
+            future = pool.submit(engine.generate, [prompt] * 32, long)
+            time.sleep(1.0)
+            engine.abort_generations()
+            with pytest.raises(RuntimeError, match="abort"):
+                future.result(timeout=60)
+            assert time.monotonic() - t < 20
+        short = SamplingParams(n=2, temperature=1.0, max_new_tokens=8, seed=3)
+        assert len(engine.generate([prompt], short)[0]) == 2
+    finally:
+        engine.close()

@@ -131,7 +131,8 @@ SERVER_LORA += ["model.lora.target_modules=all-linear"]
 
 @pytest.fixture(scope="module")
 def lora_server(vllm_model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the base model with LoRA enabled (the run's config)."""
+    """`rlvr rollout-server` for the base model with LoRA enabled (the run's config); its token
+    in this process's environment (the trainers here read it there)."""
     import os
     import signal
     import subprocess
@@ -139,8 +140,10 @@ def lora_server(vllm_model_dir, tmp_path_factory):
 
     from test_server_e2e import RUN
 
+    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
     from rlvr.rollout.server_launch import free_port, wait_healthy
 
+    os.environ[TOKEN_ENV] = new_token()
     port = free_port("127.0.0.1")
     log = tmp_path_factory.mktemp("lora_srv") / "server.log"
     cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={vllm_model_dir}"]
@@ -159,6 +162,7 @@ def lora_server(vllm_model_dir, tmp_path_factory):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)
+        os.environ.pop(TOKEN_ENV, None)
 
 
 def _peft_from(model_dir):
@@ -254,3 +258,32 @@ def test_a_trainer_that_reconnects_to_the_server_registers_its_own_adapter(
             engine.close()
         diff = max_abs_diff(trainer_logprobs(model, prompts, comps, tok.pad_token_id), lps)
         assert diff < LOGPROB_TOL
+
+
+def test_an_adapter_trainer_gets_the_base_model_whatever_the_server_held(
+    vllm_model_dir, lora_server
+):
+    """A standalone server outlives its trainers, and one of them may have pushed full weights
+    (rollout.lora_sync=merged: base + B A merged in). A trainer with the adapter sync then
+    connects: the server must serve the base model under its adapter (the trainer pushes the base
+    weights when it connects), not the previous trainer's merged weights under it."""
+    from rlvr.rollout.server import ServerEngine
+
+    tok, fresh = _peft_from(vllm_model_dir)  # B = 0: computes exactly the base model
+    trained = trained_copy(fresh, tok)
+    run = [f"model.name_or_path={vllm_model_dir}", "model.autocast=off", "rollout.mode=server"]
+    run += [f"rollout.server_url={lora_server}", *SERVER_LORA]
+    ids = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
+    merged = ServerEngine.from_trainer(
+        load_config(None, [*run, "rollout.lora_sync=merged"]), trained, tok
+    )
+    merged.close()  # it left base + B A in the server
+    engine = ServerEngine.from_trainer(load_config(None, run), fresh, tok)
+    try:
+        prompts, comps, lps = _sample(engine, ids)
+    finally:
+        engine.close()
+    pad = tok.pad_token_id
+    assert max_abs_diff(trainer_logprobs(fresh, prompts, comps, pad), lps) < LOGPROB_TOL
+    # what the server would have served on the merged weights: nats away
+    assert max_abs_diff(trainer_logprobs(trained, prompts, comps, pad), lps) > STALE_MIN

@@ -210,6 +210,8 @@ class ServerEngine:
         if r.server_url:  # a `rlvr rollout-server`: its token comes in this process's environment
             kw["adapter_folder"] = AdapterFolder.create(model, adapter) if by_adapter else None
             engine = cls(r.server_url, **kw, token=token_from_env())
+            if by_adapter:  # the adapter goes on the base model, not on what the server holds
+                engine.load_base(model.state_dict().items())
             engine.load_weights(model.state_dict().items())
             engine.policy_version = 0
             return engine
@@ -380,9 +382,18 @@ class ServerEngine:
         if self._adapter_folder is not None:
             self._load_adapter(named_tensors)
             return
+        self._load_full(named_tensors, self._plan)
+
+    def load_base(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Adapter-only sync: the base model's weights (the LoRA tensors left out, not merged),
+        pushed when a trainer connects to a server it did not start, which may hold what a
+        previous trainer pushed (full weights, or a LoRA merged in)."""
+        self._load_full(without_adapters(named_tensors), {})
+
+    def _load_full(self, named_tensors: Iterable[tuple[str, torch.Tensor]], plan: dict) -> None:
         t0, stats = time.perf_counter(), SyncStats()
         weights = checkpoint_weights(
-            named_tensors, self._plan, adapter=self._adapter, tied=self._tied, stats=stats
+            named_tensors, plan, adapter=self._adapter, tied=self._tied, stats=stats
         )
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = 0
@@ -428,26 +439,37 @@ class ServerEngine:
         nbytes = self._adapter_folder.write(tensors)
         path = str(self._adapter_folder.path)
         if not self._adapter_registered:
-            try:
-                http_post(
-                    self.url,
-                    "/v1/load_lora_adapter",
-                    {"lora_name": ADAPTER_NAME, "lora_path": path},
-                    token=self.token,
-                )
-            except RuntimeError as exc:
-                raise RuntimeError(
-                    f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
-                    "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
-                    "set rollout.lora_sync=merged"
-                ) from exc
-            self._adapter_registered = True
+            self._register_adapter(path)
         else:
             self._rpc("rlvr_reload_adapter", path)
         self._reset_prefix_cache()
         self.last_sync_stats = SyncStats(
             tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
         )
+
+    def _register_adapter(self, path: str) -> None:
+        """Register the adapter folder under rlvr's name. A name the server already holds (a
+        previous trainer's adapter: `rlvr train --resume` against the same `rlvr rollout-server`,
+        its folder removed) is unloaded first: vLLM refuses a second registration of a name."""
+        served = http_get(self.url, "/v1/models", token=self.token).get("data") or []
+        if any(m.get("id") == ADAPTER_NAME for m in served):
+            http_post(
+                self.url, "/v1/unload_lora_adapter", {"lora_name": ADAPTER_NAME}, token=self.token
+            )
+        try:
+            http_post(
+                self.url,
+                "/v1/load_lora_adapter",
+                {"lora_name": ADAPTER_NAME, "lora_path": path},
+                token=self.token,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"rollout server at {self.url} cannot load the LoRA adapter ({exc}); start it "
+                "with the run's config (model.lora.enabled=true: vLLM's --enable-lora), or "
+                "set rollout.lora_sync=merged"
+            ) from exc
+        self._adapter_registered = True
 
     def _reset_prefix_cache(self) -> None:
         """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
