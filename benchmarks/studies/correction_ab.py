@@ -21,8 +21,11 @@ it hold?) and the engine/trainer log-prob gap it trained on. The arms of one see
 and sampling seeds, so each arm is compared with ``off`` seed by seed (sign test). Runs go one
 at a time: vLLM's CPU engine and the trainer share the cores.
 
-Writes ``<out>/<date>-correction-ab.{json,md,png}``; re-running on the same day with the same
-``--out`` adds the seeds and arms it lacks, and the files are rewritten after every run.
+Writes ``<out>/<date>-correction-ab.{json,md,png}``, rewritten after every run. A study that
+takes longer than one sitting goes on with ``--study PATH`` (an earlier day's JSON; by default
+today's under ``--out``): it adds the seeds and arms that file lacks, and refuses when the file's
+machine, steps, threads or cap differ from this call's (runs of different lengths or machines do
+not pool).
 """
 
 from __future__ import annotations
@@ -171,6 +174,28 @@ def write_report(path: Path, result: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def check_compatible(old: dict, new: dict, path: Path) -> None:
+    """Raise ``SystemExit`` naming each setting where the study in ``path`` (``old``) differs
+    from this call's (``new``): its runs would not be comparable with the ones this call adds."""
+    if not old.get("runs"):
+        return
+    diffs = [
+        f"{k} {old.get(k)!r} there, {new[k]!r} here"
+        for k in ("steps", "threads", "cap")
+        if old.get(k) != new[k]
+    ]
+    for k in ("cpu", "cores"):
+        if old.get("machine", {}).get(k) != new["machine"][k]:
+            diffs.append(
+                f"machine {k} {old.get('machine', {}).get(k)!r} there, {new['machine'][k]!r} here"
+            )
+    if diffs:
+        raise SystemExit(
+            f"{path}: its runs do not pool with this call's ({'; '.join(diffs)}); "
+            "pass another --study or --out, or the same settings"
+        )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.studies.correction_ab",
@@ -184,6 +209,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cap", type=float, default=None, help="algo.rollout_correction.cap")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (default 2)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--study",
+        type=Path,
+        default=None,
+        help="the study JSON to add runs to (default <out>/<today>-correction-ab.json); "
+        "its machine, steps, threads and cap must be this call's",
+    )
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
     if unknown:
@@ -205,11 +237,9 @@ def main(argv: list[str] | None = None) -> int:
 
     seeds, arms = parse_seeds(args.seeds), args.arms.split(",")
     w = get_workload("target")
-    work = Path(tempfile.mkdtemp(prefix="correction-ab-"))
-    model_dir = prepare_model(w.model, work)
-    stem = args.out / f"{dt.date.today().isoformat()}-correction-ab"
-    args.out.mkdir(parents=True, exist_ok=True)
-    js = stem.with_suffix(".json")
+    js = args.study or args.out / f"{dt.date.today().isoformat()}-correction-ab.json"
+    stem = js.with_suffix("")
+    js.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(js.read_text()) if js.exists() else {}
     runs: dict = old.get("runs", {})
     cap_args = [] if args.cap is None else [f"algo.rollout_correction.cap={args.cap}"]
@@ -222,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads, "steps": args.steps, "cap": cap, "target": w.target_reward,
         "window": w.target_window, "load_start": round(os.getloadavg()[0], 2), "runs": runs,
     }  # fmt: skip
+    check_compatible(old, result, js)
+    work = Path(tempfile.mkdtemp(prefix="correction-ab-"))
+    model_dir = prepare_model(w.model, work)
     # seed-major: a study cut short has every arm of the seeds it finished
     for seed in seeds:
         for arm in arms:

@@ -68,3 +68,21 @@ def test_unknown_arm_is_refused_by_name(capsys):
         main(["--arms", "off,token-mask"])
     assert e.value.code == 2
     assert "unknown token-mask" in capsys.readouterr().err
+
+
+def test_a_study_goes_on_only_with_runs_that_pool(tmp_path):
+    from benchmarks.studies.correction_ab import check_compatible
+
+    machine = {"cpu": "Xeon A", "cores": 2, "ram_gib": 23.5}
+    here = {"steps": 30, "threads": 2, "cap": 2.0, "machine": machine, "runs": {}}
+    path = tmp_path / "2026-11-28-correction-ab.json"
+    check_compatible({}, here, path)  # a new study
+    check_compatible({**here, "runs": {"off": {"0": []}}}, here, path)  # the same settings
+    # eight-step runs do not pool with thirty-step ones; nor runs from another CPU
+    old = {**here, "steps": 8, "machine": {**machine, "cpu": "Xeon B"}, "runs": {"off": {"0": []}}}
+    with pytest.raises(SystemExit) as e:
+        check_compatible(old, here, path)
+    msg = str(e.value)
+    assert "steps 8 there, 30 here" in msg
+    assert "machine cpu 'Xeon B' there, 'Xeon A' here" in msg
+    assert str(path) in msg and "threads" not in msg
