@@ -200,6 +200,11 @@ def test_adv_std_stuck_at_zero_warns() -> None:
         ({"logprob_diff_max": -9.0}, [("logprob_mismatch", "warn", 2)]),
         ({"logprob_k3": 0.5}, [("logprob_mismatch", "warn", 2)]),
         ({"logprob_diff_max": None, "logprob_k3": None}, []),
+        # a batch sampled by older weights (rollout.max_staleness, sync_every, a partial push):
+        # its gap is the policy's own change too, not the engine's mismatch
+        ({"logprob_diff_max": 9.0, "logprob_k3": 0.5, "staleness_max": 1.0}, []),
+        ({"logprob_diff_max": 9.0, "staleness_max": 0.0, "token_lag_max": 1.0}, []),
+        ({"logprob_diff_max": 9.0, "staleness_max": 0.0}, [("logprob_mismatch", "warn", 2)]),
     ],
 )
 def test_instant_rules(overrides: dict, expected: list) -> None:

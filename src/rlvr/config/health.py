@@ -148,7 +148,8 @@ class ClipFracRule(_Rule):
 
 
 class LogprobMismatchRule(_Rule):
-    """Engine vs trainer log-probs of the sampled tokens disagree."""
+    """Engine vs trainer log-probs of the sampled tokens disagree (judged only on batches the
+    trainer's current weights sampled: a stale batch's gap is the policy's own change too)."""
 
     max_abs_diff: float = Field(
         5.0,

@@ -206,6 +206,10 @@ class _LogprobMismatch:
         k3 = _finite(metrics, "logprob_k3")
         if diff is None and k3 is None:
             return MISSING
+        # A batch (or a token) sampled by older weights than the trainer's compares two policies,
+        # not the engine with the trainer: judged only on batches the current weights sampled.
+        if any((_finite(metrics, k) or 0.0) > 0 for k in ("staleness_max", "token_lag_max")):
+            return MISSING
         reasons = []
         values: dict[str, Any] = {}
         if diff is not None:

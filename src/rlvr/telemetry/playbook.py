@@ -70,8 +70,8 @@ ADVICE: dict[str, str] = {
         "off-by-one between logits and labels silently corrupts every ratio and KL value). "
         "Precision differences alone give small values. Compare the two on one batch before "
         "trusting ratio or KL metrics. A real, steady gap (different kernels or precision in "
-        "the engine) makes the samples slightly off-policy: algo.tis_cap=2 reweights each token "
-        "by the truncated trainer/engine ratio."
+        "the engine) makes the samples slightly off-policy: algo.rollout_correction.level=token "
+        "(action=truncate, cap=2) reweights each token by the truncated trainer/engine ratio."
     ),
     "entropy_low": (
         "entropy_mean is {entropy_mean:.3g} nats per token (floor {min_entropy:.3g}): the "
