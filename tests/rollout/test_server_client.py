@@ -242,3 +242,41 @@ def test_a_pause_cut_short_in_flight_is_undone_and_a_connecting_trainer_resumes_
     server["paused"] = True  # left so by a trainer killed inside its push
     ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
     assert not server["paused"]
+
+
+def test_a_prefix_cache_reset_vllm_refuses_is_retried_then_raised(monkeypatch):
+    """vLLM's ``/reset_prefix_cache`` answers ``{"success": false}`` while blocks are still held
+    (running requests, KV transfers; "callers may retry"). Ignored, the next requests would reuse
+    the KV cache the old weights computed for a shared prompt prefix: retried, then raised."""
+    import rlvr.rollout.server as srv
+
+    answers = {"left": 2, "calls": 0}
+
+    def post(url, path, body, **kw):
+        if path.startswith("/reset_prefix_cache"):
+            answers["calls"] += 1
+            answers["left"] -= 1
+            return {"success": answers["left"] < 0}
+        return {}
+
+    monkeypatch.setattr(srv, "http_post", post)
+    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
+    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
+    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine._reset_prefix_cache()
+    assert answers["calls"] == 3  # two refusals, then success
+
+    answers.update(left=10**6, calls=0)
+    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
+    with pytest.raises(RuntimeError, match="the prefix cache could not be dropped"):
+        engine._reset_prefix_cache()
+    assert answers["calls"] > 3
+
+
+def test_the_in_process_engines_reset_is_checked_too():
+    from rlvr.rollout.weight_sync import reset_prefix_cache
+
+    answers = iter([False, True])
+    reset_prefix_cache(lambda: next(answers), "vLLM engine", wait_s=0)
+    with pytest.raises(RuntimeError, match="vLLM engine: the prefix cache"):
+        reset_prefix_cache(lambda: False, "vLLM engine", wait_s=0)

@@ -59,6 +59,7 @@ from rlvr.rollout.weight_sync import (
     active_adapter_name,
     check_tied_lora,
     lora_merge_plan,
+    reset_prefix_cache,
     weight_buckets,
 )
 
@@ -474,7 +475,14 @@ class ServerEngine:
     def _reset_prefix_cache(self) -> None:
         """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
         if not self._paused:
-            http_post(self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token)
+            reset_prefix_cache(
+                lambda: bool(
+                    http_post(
+                        self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token
+                    ).get("success", False)
+                ),
+                f"rollout server at {self.url}",
+            )
             return
         reply = http_post(
             self.url,

@@ -63,6 +63,7 @@ from rlvr.rollout.weight_sync import (
     check_tied_lora,
     lora_merge_plan,
     refresh_tied_output_layers,
+    reset_prefix_cache,
     weight_buckets,
 )
 
@@ -376,7 +377,7 @@ class VLLMEngine:
                 f"weight sync incomplete: {len(missing)} tensors never sent, e.g. "
                 f"{sorted(missing)[:5]}; the engine now mixes old and new weights"
             )
-        llm.reset_prefix_cache()
+        reset_prefix_cache(llm.reset_prefix_cache, "vLLM engine")
         stats.seconds = time.perf_counter() - t0
         self.last_sync_stats = stats
 
@@ -393,7 +394,7 @@ class VLLMEngine:
         path = str(self._adapter_folder.path)
         llm.llm_engine.add_lora(LoRARequest(ADAPTER_NAME, ADAPTER_ID, path, load_inplace=True))
         self._lora_request = LoRARequest(ADAPTER_NAME, ADAPTER_ID, path)
-        llm.reset_prefix_cache()
+        reset_prefix_cache(llm.reset_prefix_cache, "vLLM engine")
         self.last_sync_stats = SyncStats(
             tensors=len(tensors), bytes=nbytes, buckets=1, seconds=time.perf_counter() - t0
         )

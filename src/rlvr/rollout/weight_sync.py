@@ -14,12 +14,15 @@ Pure torch (no vLLM import at module level), so the conversions are tested witho
   rank runs in the same order), so a bucket, never the whole model, is materialised on a rank.
 - ``refresh_tied_output_layers`` (run on the vLLM worker after a reload) and ``check_tied_lora``:
   the tied-embedding cases a reload alone gets wrong.
+- ``reset_prefix_cache(reset, where)``: drop the KV cache the old weights computed, retried
+  while vLLM says blocks are still held, raised if it never succeeds.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -263,3 +266,22 @@ def check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
                 f"LoRA on a tied embedding ({bad}) cannot be synced to vLLM; "
                 "leave embed_tokens out of model.lora.target_modules"
             )
+
+
+def reset_prefix_cache(
+    reset: Callable[[], bool], where: str, *, attempts: int = 20, wait_s: float = 0.1
+) -> None:
+    """Call ``reset`` (vLLM's prefix-cache reset; False while blocks are still held by running
+    requests or KV transfers, which vLLM says to retry) until it succeeds, or raise. A reset
+    left undone lets later requests reuse the KV cache the old weights computed for a shared
+    prompt prefix (a group's prompt, an epoch's second pass): their tokens would read the old
+    policy while labelled with the new version."""
+    for i in range(attempts):
+        if reset():
+            return
+        time.sleep(wait_s * min(i + 1, 5))
+    raise RuntimeError(
+        f"{where}: the prefix cache could not be dropped after a weight push ({attempts} tries, "
+        "blocks still held); requests sharing a prompt prefix would reuse the old weights' "
+        "KV cache"
+    )
