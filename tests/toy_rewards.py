@@ -51,3 +51,8 @@ def checksum_never_correct(prompt, response, reference, **row):
     from rlvr.rewards.base import RewardResult
 
     return RewardResult(zlib.crc32(response.encode()) % 1000 / 1000, {"correct": 0.0})
+
+
+def prompt_length(prompt, response, reference, **row):
+    """The prompt's length in characters: tells which prompt text a caller passed."""
+    return float(len(prompt))

@@ -76,3 +76,17 @@ def test_the_memory_plan_sizes_rows_by_the_prompts_the_run_sends(tiny_model_dir,
         assert (spec.prompt_tokens, spec.completion_tokens) == (100, 16)
     finally:
         run.close()
+
+
+def test_the_dry_run_calls_a_reward_with_the_prompt_training_passes(tiny_model_dir, tmp_path):
+    """Training scores a reply against the text the run sent (here env.reset's 100-character
+    first prompt); the dry run's call of each own reward passed the raw row question
+    ("What is A * B?"), so a reward reading its prompt answered differently there."""
+    cfg = _cfg(
+        tiny_model_dir,
+        tmp_path,
+        "data.max_prompt_tokens=128",
+        "reward.specs=[{name: 'toy_rewards:prompt_length'}]",
+    )
+    [check] = make_plan(cfg).reward_checks
+    assert check.endswith("returned 100.0"), check

@@ -98,9 +98,12 @@ def _example(cfg: Config, tokenizer, row: dict, processor) -> str:
 PLACEHOLDER_REPLY = "The answer is 42."
 
 
-def reward_call_problems(cfg: Config, row: dict, checks: list[str] | None = None) -> list[str]:
+def reward_call_problems(
+    cfg: Config, row: dict, checks: list[str] | None = None, prompt: str | None = None
+) -> list[str]:
     """Each of your own rewards (``module:function``) called once, as training calls it, on the
-    first train row with a placeholder reply: a signature that does not take the row's fields,
+    first train row with a placeholder reply and ``prompt``, the text the run sends for the row
+    (training scores against it; the raw question where it is not known): a signature that does not take the row's fields,
     or a return value that is no finite number (None, a string, TRL's list per batch, NaN: every
     reply would fail), fails here, not at step 1. What it returned, or raised (scoring or
     refusing a placeholder is the reward's business), is appended to ``checks``. Built-ins are
@@ -114,7 +117,11 @@ def reward_call_problems(cfg: Config, row: dict, checks: list[str] | None = None
         ) as runner:
             runner.warned = True  # the problem below says it
             result = runner.score_batch(
-                [row["prompt"]], [PLACEHOLDER_REPLY], [row["answer"]], [row], [False]
+                [row["prompt"] if prompt is None else prompt],
+                [PLACEHOLDER_REPLY],
+                [row["answer"]],
+                [row],
+                [False],
             )
         error = result.error(0)
         where = (
@@ -211,7 +218,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False
                 )
     checks: list[str] = []
     if train and not any(p.startswith("reward.specs") for p in problems):
-        problems.extend(reward_call_problems(cfg, train[0], checks))
+        problems.extend(reward_call_problems(cfg, train[0], checks, example or None))
     if path is not None:
         problems.extend(cfg.validate_against_model(model_context_length(path)))
     res = run_preflight(t)
