@@ -131,7 +131,7 @@ def test_above_the_limit_the_run_stops_with_a_clear_message(
         trainer.fit()
     message = str(caught.value)
     assert "14 of 20 completions could not be scored" in message
-    assert "max_failure_fraction=0.65" in message
+    assert "reward.max_failure_fraction=0.65" in message  # the knob by its config name
     assert "by_reference" in message  # names the reward
     status = read_status(trainer.run.run_dir)
     assert status["state"] == "failed" and "could not be scored" in status["error"]

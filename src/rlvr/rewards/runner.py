@@ -440,7 +440,7 @@ class RewardRunner:
             shown = next((f for f in result.failures if "Traceback" in f), result.failures[0])
             raise RewardFailureError(
                 f"{invalid} of {count} completions could not be scored (more than "
-                f"max_failure_fraction={self.max_failure_fraction}); for example:\n{shown}"
+                f"reward.max_failure_fraction={self.max_failure_fraction}); for example:\n{shown}"
             )
         return result
 
