@@ -3,6 +3,8 @@ files in the working folder, stdin, pipes, each limit named in Result.limit."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rlvr.config import ConfigError, config_from_dict
@@ -107,3 +109,29 @@ def test_the_semaphore_bounds_programs_at_once_and_the_wait_is_not_their_time():
         assert most == 2, spans
     finally:
         configure(SandboxConfig())
+
+
+def test_a_killed_trainers_sandbox_folder_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    """atexit removes a backend's folder at a normal exit; after SIGKILL (a preempted or
+    OOM-killed trainer) nothing did, and every such run left one in the temp folder."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from rlvr.sandbox.base import process_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"rlvr-sandbox-{gone.pid}-abc"
+    (dead / "box").mkdir(parents=True)
+    (dead / "box" / "left.txt").write_text("x")
+    alive = tmp_path / f"rlvr-sandbox-{os.getppid()}-def"  # a running process's: kept
+    alive.mkdir()
+    other = tmp_path / "rlvr-sandbox-notapid"  # not ours to judge: kept
+    other.mkdir()
+    mine = process_folder("sandbox")
+    assert not dead.exists()
+    assert alive.exists() and other.exists()
+    assert os.path.basename(mine).startswith(f"rlvr-sandbox-{os.getpid()}-")
+    assert os.path.dirname(mine) == str(tmp_path)

@@ -10,6 +10,10 @@ sandbox's Python interpreter (rlvr.sandbox.interpreter): the trainer's own inter
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
@@ -89,3 +93,31 @@ def check_files(files: Mapping[str, str | bytes]) -> dict[str, bytes]:
             )
         out[name] = content.encode() if isinstance(content, str) else bytes(content)
     return out
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def process_folder(kind: str) -> str:
+    """A new folder ``<tmp>/rlvr-<kind>-<pid>-XXXXXXXX`` for this process's sandbox, made after
+    removing the folders of processes that are gone: atexit removes a backend's folder at a
+    normal exit, but nothing does after a SIGKILL (a preempted or OOM-killed trainer). Only
+    this user's folders whose name carries a pid no process has are removed."""
+    tmp, prefix = tempfile.gettempdir(), f"rlvr-{kind}-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            pid = name[len(prefix) :].partition("-")[0] if name.startswith(prefix) else ""
+            if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+                continue
+            path = os.path.join(tmp, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == os.geteuid():
+                    shutil.rmtree(path, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")

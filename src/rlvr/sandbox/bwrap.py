@@ -35,11 +35,10 @@ import shlex
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
-from rlvr.sandbox.base import Limits, Result, check_files
+from rlvr.sandbox.base import Limits, Result, check_files, process_folder
 from rlvr.sandbox.cgroup import CallGroup, Cgroups
 from rlvr.sandbox.interpreter import SystemFiles, reachable_by_others, resolve_argv, system_files
 from rlvr.sandbox.process import decode, run_process
@@ -64,7 +63,7 @@ class BwrapSandbox:
         self.sys: SystemFiles = system_files()
         self.seccomp = bpf(allow_inet=True)  # the network namespace is empty
         self.cgroups = Cgroups.find()
-        self.home = tempfile.mkdtemp(prefix="rlvr-sandbox-")
+        self.home = process_folder("sandbox")
         atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o755)
         self.mnt = os.path.join(self.home, "box")

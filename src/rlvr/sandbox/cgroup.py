@@ -19,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from rlvr.sandbox.base import pid_alive
+
 ROOT = "/sys/fs/cgroup"
 _counter = itertools.count()
 
@@ -42,16 +44,6 @@ def _write(path: str, value: str) -> None:
 def _read_int(path: str) -> int:
     with open(path) as f:
         return int(f.read().split()[0])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -236,7 +228,7 @@ def _sweep(parent: str, v2: bool = False) -> None:
             if not name.startswith("rlvr-sandbox-"):
                 continue
             pid = name.rpartition("-")[2]
-            if not pid.isdigit() or _pid_alive(int(pid)):
+            if not pid.isdigit() or pid_alive(int(pid)):
                 continue
             base = os.path.join(parent, name)
             for sub in os.listdir(base):

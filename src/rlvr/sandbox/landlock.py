@@ -32,7 +32,7 @@ import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
-from rlvr.sandbox.base import Limits, Result, check_files
+from rlvr.sandbox.base import Limits, Result, check_files, process_folder
 from rlvr.sandbox.cgroup import CallGroup, Cgroups
 from rlvr.sandbox.interpreter import executable, reachable_by_others, resolve_argv, system_files
 from rlvr.sandbox.process import decode, run_process
@@ -122,7 +122,7 @@ class LandlockSandbox:
         # re-date any of them: Landlock does not cover chmod/chown/utime
         self.seccomp = bpf(allow_inet=False, allow_unix=False, deny_owner_calls=not self.drop_uid)
         self.cgroups = Cgroups.find()
-        self.home = tempfile.mkdtemp(prefix="rlvr-landlock-")
+        self.home = process_folder("landlock")
         atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o711)
         self._lock = threading.Lock()
