@@ -22,12 +22,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_support import TINY
+from vllm_support import TINY, rollout_server
 
 from rlvr.cli.main import main as cli_main
 from rlvr.config import load_config
 from rlvr.rollout.server import request_seeds, sampling_body
-from rlvr.rollout.server_launch import free_port
 from rlvr.training.trainer import Trainer
 
 pytestmark = pytest.mark.vllm
@@ -65,31 +64,11 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the tiny model, in its own process group; its token in this
-    process's environment (the trainers here and their children read it there)."""
-    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
-    from rlvr.rollout.server_launch import wait_healthy
-
-    os.environ[TOKEN_ENV] = new_token()
-    port = free_port("127.0.0.1")
+    """`rlvr rollout-server` for the tiny model; the worker's context holds a whole episode
+    (max_model_len_for), for the episodes test."""
     log = tmp_path_factory.mktemp("srv_log") / "server.log"
-    cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
-    # the worker's context holds a whole episode (max_model_len_for), for the episodes test
-    cmd += [*RUN, *EPISODE_CONTEXT, "--port", str(port), "--host", "127.0.0.1"]
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 300, log)
+    with rollout_server(model_dir, [*RUN, *EPISODE_CONTEXT], log) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        os.environ.pop(TOKEN_ENV, None)
 
 
 def _config(model_dir, out, *extra):

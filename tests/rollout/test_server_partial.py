@@ -13,10 +13,6 @@ from its prompt and tokens so far on the new weights.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,11 +20,17 @@ from pathlib import Path
 import pytest
 import torch
 from test_server_e2e import RUN, _config, _lines
-from vllm_support import LOGPROB_TOL, STALE_MIN, TINY, trained_copy, trainer_logprobs
+from vllm_support import (
+    LOGPROB_TOL,
+    STALE_MIN,
+    TINY,
+    rollout_server,
+    trained_copy,
+    trainer_logprobs,
+)
 
 from rlvr.rollout.base import SamplingParams
 from rlvr.rollout.server_auth import token_from_env
-from rlvr.rollout.server_launch import free_port
 from rlvr.training.trainer import Trainer
 
 pytestmark = pytest.mark.vllm
@@ -43,30 +45,10 @@ def model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the tiny model with room for 64-token replies; its token in
-    this process's environment (the trainers here read it there)."""
-    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
-    from rlvr.rollout.server_launch import wait_healthy
-
-    os.environ[TOKEN_ENV] = new_token()
-    port = free_port("127.0.0.1")
+    """`rlvr rollout-server` for the tiny model with room for 64-token replies."""
     log = tmp_path_factory.mktemp("partial_log") / "server.log"
-    cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
-    cmd += [*RUN, "rollout.max_new_tokens=64", "--port", str(port), "--host", "127.0.0.1"]
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 300, log)
+    with rollout_server(model_dir, [*RUN, "rollout.max_new_tokens=64"], log) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        os.environ.pop(TOKEN_ENV, None)
 
 
 def _models(model_dir):

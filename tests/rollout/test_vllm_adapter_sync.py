@@ -131,38 +131,14 @@ SERVER_LORA += ["model.lora.target_modules=all-linear"]
 
 @pytest.fixture(scope="module")
 def lora_server(vllm_model_dir, tmp_path_factory):
-    """`rlvr rollout-server` for the base model with LoRA enabled (the run's config); its token
-    in this process's environment (the trainers here read it there)."""
-    import os
-    import signal
-    import subprocess
-    from pathlib import Path
-
+    """`rlvr rollout-server` for the base model with LoRA enabled (the run's config)."""
     from test_server_e2e import RUN
+    from vllm_support import rollout_server
 
-    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
-    from rlvr.rollout.server_launch import free_port, wait_healthy
-
-    os.environ[TOKEN_ENV] = new_token()
-    port = free_port("127.0.0.1")
     log = tmp_path_factory.mktemp("lora_srv") / "server.log"
-    cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={vllm_model_dir}"]
-    cmd += [*RUN, *SERVER_LORA, "rollout.max_new_tokens=64", "--port", str(port)]
-    cmd += ["--host", "127.0.0.1"]
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 300, log)
+    args = [*RUN, *SERVER_LORA, "rollout.max_new_tokens=64"]
+    with rollout_server(vllm_model_dir, args, log) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-        os.environ.pop(TOKEN_ENV, None)
 
 
 def _peft_from(model_dir):

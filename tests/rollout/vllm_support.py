@@ -7,7 +7,14 @@ float32 too (``engine_dtype``) and engine and trainer agree to float32 rounding.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -97,3 +104,38 @@ def trainer_logprobs(
 def max_abs_diff(trainer: list[torch.Tensor], engine: list[list[float]]) -> float:
     diffs = [(t - torch.tensor(e)).abs() for t, e in zip(trainer, engine, strict=True) if len(e)]
     return float(torch.cat(diffs).max())
+
+
+@contextlib.contextmanager
+def rollout_server(model_dir: Path, args: list[str], log: Path) -> Iterator[str]:
+    """`rlvr rollout-server` for ``model_dir`` with ``args`` (config overrides, flags) on a free
+    127.0.0.1 port, in a process group of its own, its output in ``log``; yields its URL. Its
+    token is in this process's environment while it runs (the trainers here and their children
+    read it there). Stopped with its whole group (vLLM's engine process included): SIGTERM, then
+    SIGKILL after 60 s, so a failing test leaves no process behind for the next ones."""
+    from rlvr.rollout.server_auth import TOKEN_ENV, new_token
+    from rlvr.rollout.server_launch import free_port, wait_healthy
+
+    os.environ[TOKEN_ENV] = new_token()
+    port = free_port("127.0.0.1")
+    cmd = [sys.executable, "-m", "rlvr", "rollout-server", f"model.name_or_path={model_dir}"]
+    cmd += [*args, "--port", str(port), "--host", "127.0.0.1"]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 300, log)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(60)
+        with contextlib.suppress(ProcessLookupError):  # what SIGTERM left: the group's others
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        os.environ.pop(TOKEN_ENV, None)
