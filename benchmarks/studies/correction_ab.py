@@ -24,7 +24,7 @@ at a time: vLLM's CPU engine and the trainer share the cores.
 Writes ``<out>/<date>-correction-ab.{json,md,png}``, rewritten after every run. A study that
 takes longer than one sitting goes on with ``--study PATH`` (an earlier day's JSON; by default
 today's under ``--out``): it adds the seeds and arms that file lacks, and refuses when the file's
-machine (CPU, cores, ISA limits), steps, threads, cap, training code (the tree of ``src/``) or the
+machine (CPU, cores, ISA limits), steps, threads, cap, code (``CODE``: rlvr, the workload, the worker) or the
 overrides of an arm it has runs of differ from this call's (runs of different lengths, machines,
 code or arms do not pool; files written before the code and the arms were recorded are not
 checked for them).
@@ -176,10 +176,14 @@ def write_report(path: Path, result: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# what a run of the study executes: rlvr, the workload and the worker that trains it
+CODE = ("src", "benchmarks/harness", "benchmarks/step.py", "benchmarks/studies/sampler_ab.py")
+
+
 def src_state(repo: Path) -> str | None:
-    """The training code a run uses: the git tree of ``src/`` at HEAD, plus a hash of its
-    uncommitted edits; None outside a git checkout. Commits that change nothing under ``src/``
-    (docs, results) keep it."""
+    """The code a run uses (``CODE``): a hash of those paths' git trees at HEAD and of their
+    uncommitted edits; None outside a git checkout. Commits that change nothing there (docs,
+    results) keep it."""
     import hashlib
 
     def git(*args: str) -> str:
@@ -188,11 +192,12 @@ def src_state(repo: Path) -> str | None:
         ).stdout
 
     try:
-        tree = git("rev-parse", "HEAD:src").strip()
-        edits = git("diff", "HEAD", "--", "src")
+        present = [p for p in CODE if (repo / p).exists()]
+        trees = git("rev-parse", *(f"HEAD:{p}" for p in present))
+        edits = git("diff", "HEAD", "--", *present)
     except (OSError, subprocess.CalledProcessError):
         return None
-    return tree if not edits else f"{tree}+{hashlib.sha256(edits.encode()).hexdigest()[:12]}"
+    return hashlib.sha256(f"{trees}\n{edits}".encode()).hexdigest()[:16]
 
 
 def check_compatible(old: dict, new: dict, path: Path) -> None:
@@ -243,7 +248,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="the study JSON to add runs to (default <out>/<today>-correction-ab.json); "
-        "its machine, steps, threads, cap, src/ tree and arms' overrides must be this call's",
+        "its machine, steps, threads, cap, code (src/, benchmarks/harness) and arms' overrides must be this call's",
     )
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]

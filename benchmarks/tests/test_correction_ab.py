@@ -116,10 +116,10 @@ def test_a_study_refuses_runs_of_an_isa_limited_machine_or_of_other_arm_override
 
 
 def test_a_study_refuses_runs_of_other_training_code(tmp_path):
-    """rlvr's own code changes between sittings (the 2026-11-26 study's sequence-mask runs
+    """rlvr's own code (or the workload's) changes between sittings (the 2026-11-26 study's sequence-mask runs
     predate level=sequence becoming the product of the token ratios): the same arm name, steps
-    and machine then train something else. The study records the tree of src/ (and a hash of
-    uncommitted edits) and refuses to pool across a change."""
+    and machine then train something else. The study records a hash of the code's trees (and
+    of uncommitted edits) and refuses to pool across a change."""
     import subprocess
 
     from benchmarks.studies.correction_ab import check_compatible, src_state
@@ -140,7 +140,13 @@ def test_a_study_refuses_runs_of_other_training_code(tmp_path):
     edited = src_state(repo)
     assert edited != first
     subprocess.run([*git, "commit", "-qam", "two"], check=True)
-    assert src_state(repo) not in (first, edited)
+    second = src_state(repo)
+    assert second not in (first, edited)
+    (repo / "benchmarks" / "harness").mkdir(parents=True)  # the workload's definition
+    (repo / "benchmarks" / "harness" / "workloads.py").write_text("LR = 1e-5\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "workload"], check=True)
+    assert src_state(repo) != second
     here = {"steps": 30, "threads": 2, "cap": 2.0, "machine": {}, "src": first, "runs": {}}
     path = tmp_path / "study.json"
     check_compatible({**here, "runs": {"off": {"0": []}}}, here, path)
