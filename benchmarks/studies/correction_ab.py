@@ -219,9 +219,10 @@ def check_compatible(old: dict, new: dict, path: Path) -> None:
                 f"machine {k} {old.get('machine', {}).get(k)!r} there, {new['machine'].get(k)!r} here"
             )
     # an arm whose overrides changed is another arm under the same name (files written before
-    # the overrides were recorded carry no "arms": not checked)
-    for arm in sorted(old["runs"]) if "arms" in old else []:
-        if old["arms"].get(arm) != new["arms"].get(arm):
+    # the overrides were recorded carry no "arms": not checked; an arm no longer defined gets
+    # no runs added)
+    for arm in sorted(set(old["runs"]) & set(new.get("arms", {}))) if "arms" in old else []:
+        if old["arms"].get(arm) != new["arms"][arm]:
             diffs.append(f"arm {arm} {old['arms'].get(arm)!r} there, {new['arms'].get(arm)!r} here")
     if diffs:
         raise SystemExit(

@@ -113,6 +113,9 @@ def test_a_study_refuses_runs_of_an_isa_limited_machine_or_of_other_arm_override
     assert "arm off" not in msg
     # an arm the file has no runs of may have changed: nothing of it pools
     check_compatible({**here, "arms": arms, "runs": {"off": {"0": []}}}, here, path)
+    # nor does an arm no longer defined here: no run of it is added
+    retired = {**here["arms"], "retired": ["algo.tis_cap=2"]}
+    check_compatible({**here, "arms": retired, "runs": {"retired": {"0": []}}}, here, path)
 
 
 def test_a_study_refuses_runs_of_other_training_code(tmp_path):
