@@ -196,7 +196,7 @@ def test_a_run_in_its_own_pid_namespace_keeps_its_hands_off_a_live_runs_folder(
     from rlvr.sandbox.base import process_folder
 
     unshare = shutil.which("unshare")
-    probe = [unshare, "--pid", "--fork", "true"] if unshare else None
+    probe = [unshare, "--pid", "--fork", "--mount-proc", "true"] if unshare else None
     if probe is None or subprocess.run(probe, capture_output=True).returncode != 0:
         pytest.skip("unshare --pid is not available here")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
