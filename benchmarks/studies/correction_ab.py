@@ -24,8 +24,10 @@ at a time: vLLM's CPU engine and the trainer share the cores.
 Writes ``<out>/<date>-correction-ab.{json,md,png}``, rewritten after every run. A study that
 takes longer than one sitting goes on with ``--study PATH`` (an earlier day's JSON; by default
 today's under ``--out``): it adds the seeds and arms that file lacks, and refuses when the file's
-machine, steps, threads or cap differ from this call's (runs of different lengths or machines do
-not pool).
+machine (CPU, cores, ISA limits), steps, threads, cap, code (``CODE``: rlvr, the workload, the worker) or the
+overrides of an arm it has runs of differ from this call's (runs of different lengths, machines,
+code or arms do not pool; files written before the code and the arms were recorded are not
+checked for them).
 """
 
 from __future__ import annotations
@@ -174,6 +176,30 @@ def write_report(path: Path, result: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+# what a run of the study executes: rlvr, the workload and the worker that trains it
+CODE = ("src", "benchmarks/harness", "benchmarks/step.py", "benchmarks/studies/sampler_ab.py")
+
+
+def src_state(repo: Path) -> str | None:
+    """The code a run uses (``CODE``): a hash of those paths' git trees at HEAD and of their
+    uncommitted edits; None outside a git checkout. Commits that change nothing there (docs,
+    results) keep it."""
+    import hashlib
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    try:
+        present = [p for p in CODE if (repo / p).exists()]
+        trees = git("rev-parse", *(f"HEAD:{p}" for p in present))
+        edits = git("diff", "HEAD", "--", *present)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return hashlib.sha256(f"{trees}\n{edits}".encode()).hexdigest()[:16]
+
+
 def check_compatible(old: dict, new: dict, path: Path) -> None:
     """Raise ``SystemExit`` naming each setting where the study in ``path`` (``old``) differs
     from this call's (``new``): its runs would not be comparable with the ones this call adds."""
@@ -184,11 +210,20 @@ def check_compatible(old: dict, new: dict, path: Path) -> None:
         for k in ("steps", "threads", "cap")
         if old.get(k) != new[k]
     ]
-    for k in ("cpu", "cores"):
-        if old.get("machine", {}).get(k) != new["machine"][k]:
+    # other training code (files written before it was recorded carry no "src": not checked)
+    if "src" in old and old["src"] != new.get("src"):
+        diffs.append(f"src {old['src']!r} there, {new.get('src')!r} here")
+    for k in ("cpu", "cores", "isa_limits"):  # an ISA-limited CPU runs other kernels
+        if old.get("machine", {}).get(k) != new["machine"].get(k):
             diffs.append(
-                f"machine {k} {old.get('machine', {}).get(k)!r} there, {new['machine'][k]!r} here"
+                f"machine {k} {old.get('machine', {}).get(k)!r} there, {new['machine'].get(k)!r} here"
             )
+    # an arm whose overrides changed is another arm under the same name (files written before
+    # the overrides were recorded carry no "arms": not checked; an arm no longer defined gets
+    # no runs added)
+    for arm in sorted(set(old["runs"]) & set(new.get("arms", {}))) if "arms" in old else []:
+        if old["arms"].get(arm) != new["arms"][arm]:
+            diffs.append(f"arm {arm} {old['arms'].get(arm)!r} there, {new['arms'].get(arm)!r} here")
     if diffs:
         raise SystemExit(
             f"{path}: its runs do not pool with this call's ({'; '.join(diffs)}); "
@@ -214,7 +249,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         default=None,
         help="the study JSON to add runs to (default <out>/<today>-correction-ab.json); "
-        "its machine, steps, threads and cap must be this call's",
+        "its machine, steps, threads, cap, code (src/, benchmarks/harness) and arms' overrides must be this call's",
     )
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
@@ -250,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "command": "python -m benchmarks.studies.correction_ab " + " ".join(sys.argv[1:]),
         "threads": args.threads, "steps": args.steps, "cap": cap, "target": w.target_reward,
-        "window": w.target_window, "load_start": round(os.getloadavg()[0], 2), "runs": runs,
+        "window": w.target_window, "load_start": round(os.getloadavg()[0], 2),
+        "arms": {a: list(o) for a, o in ARMS.items()}, "src": src_state(REPO), "runs": runs,
     }  # fmt: skip
     check_compatible(old, result, js)
     work = Path(tempfile.mkdtemp(prefix="correction-ab-"))

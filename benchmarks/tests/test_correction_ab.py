@@ -86,3 +86,73 @@ def test_a_study_goes_on_only_with_runs_that_pool(tmp_path):
     assert "steps 8 there, 30 here" in msg
     assert "machine cpu 'Xeon B' there, 'Xeon A' here" in msg
     assert str(path) in msg and "threads" not in msg
+
+
+def test_a_study_refuses_runs_of_an_isa_limited_machine_or_of_other_arm_overrides(tmp_path):
+    """The same CPU under ONEDNN_MAX_CPU_ISA (an AVX2-only run) computes with other kernels: the
+    log-prob gap the study measures is not the same quantity; nor does an arm whose overrides
+    changed since the file's runs pool with its earlier runs under the same name."""
+    from benchmarks.studies.correction_ab import ARMS, check_compatible
+
+    machine = {"cpu": "Xeon A", "cores": 2, "isa_limits": {}}
+    here = {
+        "steps": 30, "threads": 2, "cap": 2.0, "machine": machine, "runs": {},
+        "arms": {a: list(o) for a, o in ARMS.items()},
+    }  # fmt: skip
+    path = tmp_path / "study.json"
+    limited = {**machine, "isa_limits": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    with pytest.raises(SystemExit) as e:
+        check_compatible({**here, "machine": limited, "runs": {"off": {"0": []}}}, here, path)
+    assert "machine isa_limits {'ONEDNN_MAX_CPU_ISA': 'AVX2'} there, {} here" in str(e.value)
+    arms = {**here["arms"], "sequence-mask": ["algo.rollout_correction.level=token"]}
+    runs = {"sequence-mask": {"0": []}, "off": {"0": []}}
+    with pytest.raises(SystemExit) as e:
+        check_compatible({**here, "arms": arms, "runs": runs}, here, path)
+    msg = str(e.value)
+    assert "arm sequence-mask ['algo.rollout_correction.level=token'] there" in msg
+    assert "arm off" not in msg
+    # an arm the file has no runs of may have changed: nothing of it pools
+    check_compatible({**here, "arms": arms, "runs": {"off": {"0": []}}}, here, path)
+    # nor does an arm no longer defined here: no run of it is added
+    retired = {**here["arms"], "retired": ["algo.tis_cap=2"]}
+    check_compatible({**here, "arms": retired, "runs": {"retired": {"0": []}}}, here, path)
+
+
+def test_a_study_refuses_runs_of_other_training_code(tmp_path):
+    """rlvr's own code (or the workload's) changes between sittings (the 2026-11-26 study's sequence-mask runs
+    predate level=sequence becoming the product of the token ratios): the same arm name, steps
+    and machine then train something else. The study records a hash of the code's trees (and
+    of uncommitted edits) and refuses to pool across a change."""
+    import subprocess
+
+    from benchmarks.studies.correction_ab import check_compatible, src_state
+
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "a.py").write_text("x = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    first = src_state(repo)
+    (repo / "README").write_text("docs only\n")  # outside src/: the same code
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "docs"], check=True)
+    assert src_state(repo) == first
+    (repo / "src" / "a.py").write_text("x = 2\n")
+    edited = src_state(repo)
+    assert edited != first
+    subprocess.run([*git, "commit", "-qam", "two"], check=True)
+    second = src_state(repo)
+    assert second not in (first, edited)
+    (repo / "benchmarks" / "harness").mkdir(parents=True)  # the workload's definition
+    (repo / "benchmarks" / "harness" / "workloads.py").write_text("LR = 1e-5\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "workload"], check=True)
+    assert src_state(repo) != second
+    here = {"steps": 30, "threads": 2, "cap": 2.0, "machine": {}, "src": first, "runs": {}}
+    path = tmp_path / "study.json"
+    check_compatible({**here, "runs": {"off": {"0": []}}}, here, path)
+    with pytest.raises(SystemExit) as e:
+        check_compatible({**here, "src": edited, "runs": {"off": {"0": []}}}, here, path)
+    assert f"src {edited!r} there, {first!r} here" in str(e.value)

@@ -280,3 +280,28 @@ def test_the_in_process_engines_reset_is_checked_too():
     reset_prefix_cache(lambda: next(answers), "vLLM engine", wait_s=0)
     with pytest.raises(RuntimeError, match="vLLM engine: the prefix cache"):
         reset_prefix_cache(lambda: False, "vLLM engine", wait_s=0)
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_reset_answer_that_does_not_say_success_is_named_at_once(monkeypatch, paused):
+    """A vLLM whose ``/reset_prefix_cache`` answers an empty 200 (no ``success``: an older
+    server Python, ``rollout.server_python``) was read as a refusal: 20 retries over 9 s, then
+    "blocks still held", which sends the user hunting for running requests."""
+    import rlvr.rollout.server as srv
+
+    calls = []
+
+    def post(url, path, body, **kw):
+        if path.startswith("/reset_prefix_cache"):
+            calls.append(path)
+        return {}
+
+    monkeypatch.setattr(srv, "http_post", post)
+    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
+    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
+    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
+    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine._paused = paused
+    with pytest.raises(RuntimeError, match=r"answered \{\}, not vLLM's"):
+        engine._reset_prefix_cache()
+    assert len(calls) == 1

@@ -118,15 +118,17 @@ def test_a_killed_trainers_sandbox_folder_is_removed_by_the_next_one(tmp_path, m
     import sys
     import tempfile
 
-    from rlvr.sandbox.base import process_folder
+    from rlvr.sandbox.base import _namespace_tag, process_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f"rlvr-sandbox-{gone.pid}-abc"
+    dead = tmp_path / f"rlvr-sandbox-{gone.pid}-{_namespace_tag()}-abc"
     (dead / "box").mkdir(parents=True)
     (dead / "box" / "left.txt").write_text("x")
-    alive = tmp_path / f"rlvr-sandbox-{os.getppid()}-def"  # a running process's: kept
+    alive = (
+        tmp_path / f"rlvr-sandbox-{os.getppid()}-{_namespace_tag()}-def"
+    )  # a running process's: kept
     alive.mkdir()
     other = tmp_path / "rlvr-sandbox-notapid"  # not ours to judge: kept
     other.mkdir()
@@ -135,3 +137,78 @@ def test_a_killed_trainers_sandbox_folder_is_removed_by_the_next_one(tmp_path, m
     assert alive.exists() and other.exists()
     assert os.path.basename(mine).startswith(f"rlvr-sandbox-{os.getpid()}-")
     assert os.path.dirname(mine) == str(tmp_path)
+
+
+def _folder_of_a_process_that_is_gone(tmp: str) -> str:
+    """The folder ``process_folder`` made in a trainer that then died without its atexit."""
+    import subprocess
+    import sys
+
+    code = (
+        "import tempfile, sys; tempfile.tempdir = sys.argv[1]\n"
+        "from rlvr.sandbox.base import process_folder; print(process_folder('sandbox'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, tmp], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_a_folder_named_by_another_host_or_pid_namespace_is_not_judged_by_pid(
+    tmp_path, monkeypatch
+):
+    """A pid is only meaningful in its own pid namespace: a run in another container (its own
+    pid namespace) or on another machine sharing the temp folder (TMPDIR on a shared disk) has
+    pids this process cannot see, so its live run's folder looked like a dead one's and was
+    removed under it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from rlvr.sandbox.base import process_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ours_gone = _folder_of_a_process_that_is_gone(str(tmp_path))
+    assert os.path.isdir(ours_gone)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process here has; elsewhere, a live trainer's
+    name = os.path.basename(ours_gone)
+    pid, _, rest = name[len("rlvr-sandbox-") :].partition("-")
+    foreign = tmp_path / f"rlvr-sandbox-{gone.pid}-0000ffff-{rest.rpartition('-')[2]}x"
+    foreign.mkdir()
+    (foreign / "live.txt").write_text("in use")
+    process_folder("sandbox")
+    assert not os.path.exists(ours_gone)  # this machine's, this namespace's, its process gone
+    assert (foreign / "live.txt").exists()  # another namespace's: kept
+
+
+def test_a_run_in_its_own_pid_namespace_keeps_its_hands_off_a_live_runs_folder(
+    tmp_path, monkeypatch
+):
+    """Two runs at once, one in a container (its own pid namespace, `unshare --pid`) sharing
+    the temp folder: the contained one saw the other's pid as gone and deleted its live
+    sandbox folder (every later sandbox call of that run failed)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from rlvr.sandbox.base import process_folder
+
+    unshare = shutil.which("unshare")
+    probe = [unshare, "--pid", "--fork", "--mount-proc", "true"] if unshare else None
+    if probe is None or subprocess.run(probe, capture_output=True).returncode != 0:
+        pytest.skip("unshare --pid is not available here")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live = process_folder("sandbox")  # this (live) process's
+    code = (
+        "import tempfile, sys; tempfile.tempdir = sys.argv[1]\n"
+        "from rlvr.sandbox.base import process_folder; process_folder('sandbox')"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    subprocess.run(
+        [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, str(tmp_path)],
+        check=True,
+        env=env,
+    )
+    assert os.path.isdir(live)

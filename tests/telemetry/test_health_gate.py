@@ -334,3 +334,18 @@ def test_write_health_status_without_stop_and_read_health_fallbacks(tmp_path: Pa
     (tmp_path / "health.json").unlink()
     # Only the event log left: read_health rebuilds a summary from it.
     assert [e["rule"] for e in read_health(tmp_path)["events"]] == ["clip_frac"]
+
+
+def test_logprob_mismatch_judges_the_first_fresh_batch_during_warmup() -> None:
+    """With rollout.max_staleness k >= 1 and an engine in the trainer's process, step 1's batch
+    is the only one the current weights sampled (steps 2.. are 1 to k versions behind): inside
+    the default warm-up (5 steps) it was skipped, so an engine that disagrees with the trainer
+    (wrong weights, an off-by-one) was never reported at all. A gap above 5 nats is no early
+    noise."""
+    gate = HealthGate()
+    assert gate.cfg.warmup_steps == 5
+    events = []
+    for step, lag in enumerate([0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], start=1):
+        metrics = {**HEALTHY, "logprob_diff_max": 9.0, "staleness_max": lag}
+        events += gate.check(step, metrics)
+    assert fired(events) == [("logprob_mismatch", "warn", 1)]

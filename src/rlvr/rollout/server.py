@@ -476,25 +476,27 @@ class ServerEngine:
         """Drop the KV cache of the old weights; while ``paused``, the frozen requests' too."""
         if not self._paused:
             reset_prefix_cache(
-                lambda: bool(
-                    http_post(
-                        self.url, "/reset_prefix_cache", {}, timeout_s=60, token=self.token
-                    ).get("success", False)
-                ),
+                lambda: self._reset_reply("/reset_prefix_cache", 60),
                 f"rollout server at {self.url}",
             )
             return
-        reply = http_post(
-            self.url,
-            "/reset_prefix_cache?reset_running_requests=true",
-            {},
-            token=self.token,
-        )
-        if not reply.get("success", False):
+        if not self._reset_reply("/reset_prefix_cache?reset_running_requests=true", None):
             raise RuntimeError(
                 f"rollout server at {self.url}: the KV cache of the paused requests could not be "
                 "dropped after a push; their next tokens would read the old weights' cache"
             )
+
+    def _reset_reply(self, path: str, timeout_s: float | None) -> bool:
+        """vLLM's ``{"success": bool}``; an answer without it (a vLLM whose reset says nothing)
+        raises at once: read as a refusal it would be retried and reported as blocks held."""
+        reply = http_post(self.url, path, {}, timeout_s=timeout_s, token=self.token)
+        if not isinstance(reply, dict) or not isinstance(reply.get("success"), bool):
+            raise RuntimeError(
+                f"rollout server at {self.url}: {path.partition('?')[0]} answered {reply!r}, "
+                "not vLLM's {\"success\": true|false}: the server's vLLM does not say whether "
+                "the old weights' KV cache was dropped (run it with the vLLM rlvr pins)"
+            )
+        return reply["success"]
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

@@ -11,8 +11,10 @@ sandbox's Python interpreter (rlvr.sandbox.interpreter): the trainer's own inter
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -105,19 +107,36 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _namespace_tag() -> str:
+    """Who can judge a folder's pid: this machine and this pid namespace (8 hex digits). A pid
+    means nothing in another pid namespace (a container) or on another machine sharing the temp
+    folder (TMPDIR on a shared disk): there a live trainer's pid looks like a dead one's."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return hashlib.sha256(f"{socket.gethostname()}:{ns}".encode()).hexdigest()[:8]
+
+
 def process_folder(kind: str) -> str:
-    """A new folder ``<tmp>/rlvr-<kind>-<pid>-XXXXXXXX`` for this process's sandbox, made after
-    removing the folders of processes that are gone: atexit removes a backend's folder at a
-    normal exit, but nothing does after a SIGKILL (a preempted or OOM-killed trainer). Only
-    this user's folders whose name carries a pid no process has are removed."""
-    tmp, prefix = tempfile.gettempdir(), f"rlvr-{kind}-"
+    """A new folder ``<tmp>/rlvr-<kind>-<pid>-<tag>-XXXXXXXX`` for this process's sandbox, made
+    after removing the folders of processes that are gone: atexit removes a backend's folder at
+    a normal exit, but nothing does after a SIGKILL (a preempted or OOM-killed trainer). Only
+    this user's folders whose name carries this machine's and pid namespace's ``tag``
+    (``_namespace_tag``) and a pid no process has are removed."""
+    tmp, tag = tempfile.gettempdir(), _namespace_tag()
+    prefix = f"rlvr-{kind}-"
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
-            pid = name[len(prefix) :].partition("-")[0] if name.startswith(prefix) else ""
-            if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+            pid, _, rest = (
+                name[len(prefix) :].partition("-") if name.startswith(prefix) else ("",) * 3
+            )
+            if not pid.isdigit() or not rest.startswith(f"{tag}-"):
+                continue
+            if int(pid) == os.getpid() or pid_alive(int(pid)):
                 continue
             path = os.path.join(tmp, name)
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_uid == os.geteuid():
                     shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{tag}-")

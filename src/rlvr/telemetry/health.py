@@ -12,7 +12,8 @@ Usage in a training loop::
 Semantics (the same for every rule):
 
 - Steps with ``step < warmup_steps`` are ignored; windows start counting after warm-up. A rule
-  whose metric is no early noise (``truncation``: set by the token limit) says
+  whose metric is no early noise (``truncation``: set by the token limit; ``logprob_mismatch``:
+  a gap above its thresholds is a bug) says
   ``skips_warmup`` and is checked from the first step.
 - A rule whose metric is missing (or NaN) on a step leaves its state unchanged that step; the
   ``has_boxed`` rule, for example, never fires on a task that does not log ``has_boxed``.

@@ -197,6 +197,9 @@ class _ClipFrac:
 
 class _LogprobMismatch:
     rule = "logprob_mismatch"
+    # A gap above the thresholds is a bug, not early noise; and with rollout.max_staleness >= 1
+    # and an engine in the trainer's process, step 1's batch is the only fresh one it can judge.
+    skips_warmup = True
 
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg.logprob_mismatch
