@@ -27,7 +27,8 @@ today's under ``--out``): it adds the seeds and arms that file lacks, and refuse
 machine (CPU, cores, ISA limits), steps, threads, cap, code (``CODE``: rlvr, the workload, the worker) or the
 overrides of an arm it has runs of differ from this call's (runs of different lengths, machines,
 code or arms do not pool; files written before the code and the arms were recorded are not
-checked for them).
+checked for them). ``--any-code`` pools runs of other code all the same (a study that outlives
+a session outlives commits too): each run's code state is recorded and the report counts them.
 """
 
 from __future__ import annotations
@@ -132,6 +133,21 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def code_line(result: dict) -> list[str]:
+    """The report's line on code: said only when the runs come from more than one code state
+    (``--any-code``) or from code not recorded (files from before ``run_src``)."""
+    states = {
+        result.get("run_src", {}).get(a, {}).get(s)
+        for a, per in result["runs"].items()
+        for s in per
+    }
+    if len(states) <= 1 and None not in states:
+        return []
+    known = len(states - {None})
+    unknown = " and runs whose code was not recorded" if None in states else ""
+    return [f"Code: runs from {known} recorded code state(s){unknown} (`run_src` in the JSON)."]
+
+
 def write_report(path: Path, result: dict) -> None:
     s = result["summary"]
     m = result["machine"]
@@ -144,6 +160,7 @@ def write_report(path: Path, result: dict) -> None:
         f"cap {result['cap']}. Target: {result['window']}-step mean reward >= {result['target']}. "
         f"Load average at start {result['load_start']}, now {result['load_now']}.",
         f"Command: `{result['command']}`",
+        *code_line(result),
         "",
         "| arm | seed | steps to target | seconds to target | final reward (last 5) "
         "| log-prob gap, mean / max | weight mean | truncated | masked |",
@@ -200,9 +217,12 @@ def src_state(repo: Path) -> str | None:
     return hashlib.sha256(f"{trees}\n{edits}".encode()).hexdigest()[:16]
 
 
-def check_compatible(old: dict, new: dict, path: Path) -> None:
+def check_compatible(old: dict, new: dict, path: Path, *, any_code: bool = False) -> None:
     """Raise ``SystemExit`` naming each setting where the study in ``path`` (``old``) differs
-    from this call's (``new``): its runs would not be comparable with the ones this call adds."""
+    from this call's (``new``): its runs would not be comparable with the ones this call adds.
+    ``any_code`` (``--any-code``) pools runs of other code all the same: a study longer than a
+    session outlives commits that may not touch what it measures; each run's code state is
+    recorded (``run_src``) and the report counts them."""
     if not old.get("runs"):
         return
     diffs = [
@@ -211,7 +231,7 @@ def check_compatible(old: dict, new: dict, path: Path) -> None:
         if old.get(k) != new[k]
     ]
     # other training code (files written before it was recorded carry no "src": not checked)
-    if "src" in old and old["src"] != new.get("src"):
+    if "src" in old and old["src"] != new.get("src") and not any_code:
         diffs.append(f"src {old['src']!r} there, {new.get('src')!r} here")
     for k in ("cpu", "cores", "isa_limits"):  # an ISA-limited CPU runs other kernels
         if old.get("machine", {}).get(k) != new["machine"].get(k):
@@ -227,7 +247,8 @@ def check_compatible(old: dict, new: dict, path: Path) -> None:
     if diffs:
         raise SystemExit(
             f"{path}: its runs do not pool with this call's ({'; '.join(diffs)}); "
-            "pass another --study or --out, or the same settings"
+            "pass another --study or --out, or the same settings (--any-code pools runs of other "
+            "code, each run's code state recorded)"
         )
 
 
@@ -244,6 +265,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cap", type=float, default=None, help="algo.rollout_correction.cap")
     p.add_argument("--threads", type=int, default=2, help="torch threads per run (default 2)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--any-code",
+        action="store_true",
+        help="add to a --study whose runs used other code (src/, the workload, the worker); "
+        "each run's code state is recorded and the report counts them",
+    )
     p.add_argument(
         "--study",
         type=Path,
@@ -268,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
         print("vLLM is not installed here: run with .venv-vllm/bin/python", file=sys.stderr)
         return 2
     from benchmarks.harness.machine import machine_info
-    from benchmarks.step import prepare_model
 
     seeds, arms = parse_seeds(args.seeds), args.arms.split(",")
     w = get_workload("target")
@@ -287,9 +313,22 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads, "steps": args.steps, "cap": cap, "target": w.target_reward,
         "window": w.target_window, "load_start": round(os.getloadavg()[0], 2),
         "arms": {a: list(o) for a, o in ARMS.items()}, "src": src_state(REPO), "runs": runs,
+        "run_src": old.get("run_src", {}),  # arm -> seed -> the code state its run used
     }  # fmt: skip
-    check_compatible(old, result, js)
+    check_compatible(old, result, js, any_code=args.any_code)
     work = Path(tempfile.mkdtemp(prefix="correction-ab-"))
+    try:
+        _run_all(args, seeds, arms, w, work, result, js, stem, cap_args)
+    finally:  # the run folders (a failed run or Ctrl-C included); every record is in the JSON
+        shutil.rmtree(work, ignore_errors=True)
+    print(stem.with_suffix(".md").read_text())
+    return 0
+
+
+def _run_all(args, seeds, arms, w, work: Path, result: dict, js: Path, stem: Path, cap_args):
+    from benchmarks.step import prepare_model
+
+    runs = result["runs"]
     model_dir = prepare_model(w.model, work)
     # seed-major: a study cut short has every arm of the seeds it finished
     for seed in seeds:
@@ -313,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError(f"{arm} seed {seed} failed:\n{res.stderr[-3000:]}")
             records = json.loads((d / "records.json").read_text())
             runs.setdefault(arm, {})[str(seed)] = records
+            result["run_src"].setdefault(arm, {})[str(seed)] = result["src"]
             r = run_summary(records, w.target_reward, w.target_window)
             print(
                 f"{arm:>15} seed {seed}: target at step {r['steps_to_target']}, final reward "
@@ -325,9 +365,6 @@ def main(argv: list[str] | None = None) -> int:
             write_report(stem.with_suffix(".md"), result)
             gap = ("logprob_diff_mean", "mean |trainer - engine| log-prob", "log-prob gap")
             plot(stem.with_suffix(".png"), runs, w.target_window, arms=list(ARMS), right=gap)
-    shutil.rmtree(work, ignore_errors=True)  # the run folders; every record is in the JSON
-    print(stem.with_suffix(".md").read_text())
-    return 0
 
 
 if __name__ == "__main__":

@@ -156,3 +156,29 @@ def test_a_study_refuses_runs_of_other_training_code(tmp_path):
     with pytest.raises(SystemExit) as e:
         check_compatible({**here, "src": edited, "runs": {"off": {"0": []}}}, here, path)
     assert f"src {edited!r} there, {first!r} here" in str(e.value)
+
+
+def test_any_code_pools_runs_of_other_code_and_the_report_counts_the_states(tmp_path):
+    """A five-seed study outlives a session; --any-code pools runs of another code state
+    anyway, and the report says from how many states (and whether some were not recorded)."""
+    from benchmarks.studies.correction_ab import check_compatible, code_line
+
+    here = {"steps": 30, "threads": 2, "cap": 2.0, "machine": {}, "src": "b" * 16, "runs": {}}
+    old = {**here, "src": "a" * 16, "runs": {"off": {"0": []}}}
+    path = tmp_path / "study.json"
+    with pytest.raises(SystemExit, match="--any-code pools runs of other code"):
+        check_compatible(old, here, path)
+    check_compatible(old, here, path, any_code=True)
+    # every other difference still refuses
+    with pytest.raises(SystemExit, match="steps 8 there, 30 here"):
+        check_compatible({**old, "steps": 8}, here, path, any_code=True)
+
+    one = {"runs": {"off": {"0": [], "1": []}}, "run_src": {"off": {"0": "a", "1": "a"}}}
+    assert code_line(one) == []  # one recorded state: nothing to say
+    two = {**one, "run_src": {"off": {"0": "a", "1": "b"}}}
+    assert code_line(two) == ["Code: runs from 2 recorded code state(s) (`run_src` in the JSON)."]
+    unrecorded = {**one, "run_src": {"off": {"1": "b"}}}  # seed 0 from a file before run_src
+    assert code_line(unrecorded) == [
+        "Code: runs from 1 recorded code state(s) and runs whose code was not recorded "
+        "(`run_src` in the JSON)."
+    ]
