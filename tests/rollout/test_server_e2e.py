@@ -194,9 +194,28 @@ def _turns(run_dir: Path) -> list[list[dict]]:
     ]
 
 
+def _slow_updates(monkeypatch, seconds: float = 2.0) -> None:
+    """Each update takes ``seconds`` more, so the worker starts the next batch before the
+    update's push asks for the engine: a push waiting for the gate goes before a generation
+    still queued (training/overlap.py), so on a loaded machine (a CI run beside another rlvr
+    run) the worker's thread could start late and the batch come out fresher than k allows."""
+    import time
+
+    import rlvr.training.step as step_mod
+
+    real = step_mod.update
+
+    def slow(*args):
+        time.sleep(seconds)
+        return real(*args)
+
+    monkeypatch.setattr(step_mod, "update", slow)
+
+
 def test_staleness_1_labels_versions_and_a_restarted_trainer_reconnects(
-    model_dir, server, tmp_path
+    model_dir, server, tmp_path, monkeypatch
 ):
+    _slow_updates(monkeypatch)  # step 3's batch read 0 behind under a CI run's load
     extra = ("rollout.mode=server", f"rollout.server_url={server}", "rollout.max_staleness=1")
     torch.manual_seed(0)
     full = Trainer(_config(model_dir, tmp_path / "full", *extra, "train.save_every=1"))
@@ -231,17 +250,7 @@ def test_staleness_2_keeps_every_batch_within_two_versions(
     worker during each update, the server labels every completion, and the lag reads 0, 1, then
     2 (the most the pipeline allows: the batch of step s+2 is requested during step s), never
     more; nothing is dropped since every update is pushed."""
-    import time
-
-    import rlvr.training.step as step_mod
-
-    real = step_mod.update
-
-    def slow(*args):
-        time.sleep(2.0)
-        return real(*args)
-
-    monkeypatch.setattr(step_mod, "update", slow)
+    _slow_updates(monkeypatch)
     extra = ("rollout.mode=server", f"rollout.server_url={server}", "rollout.max_staleness=2")
     trainer = Trainer(_config(model_dir, tmp_path / "k2", *extra, "train.max_steps=5"))
     trainer.fit()
