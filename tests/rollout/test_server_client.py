@@ -273,6 +273,41 @@ def test_a_prefix_cache_reset_vllm_refuses_is_retried_then_raised(monkeypatch):
     assert answers["calls"] > 3
 
 
+def test_requests_of_other_clients_are_preempted_rather_than_the_run_stopped(monkeypatch, capsys):
+    """A standalone `rlvr rollout-server` may serve other clients too: their requests in flight
+    at a push hold KV blocks, and the plain reset keeps failing. After the retries the reset
+    preempts them (vLLM's ``reset_running_requests=true``: they recompute on the new weights),
+    said once; only if that fails too does the run stop."""
+    import rlvr.rollout.server as srv
+
+    calls = []
+    forced_ok = {"value": True}
+
+    def post(url, path, body, **kw):
+        calls.append(path)
+        if path == "/reset_prefix_cache":
+            return {"success": False}  # another client's long request holds blocks
+        if path == "/reset_prefix_cache?reset_running_requests=true":
+            return {"success": forced_ok["value"]}
+        return {}
+
+    monkeypatch.setattr(srv, "http_post", post)
+    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
+    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
+    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
+    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine._reset_prefix_cache()
+    assert calls.count("/reset_prefix_cache?reset_running_requests=true") == 1
+    assert calls.index("/reset_prefix_cache?reset_running_requests=true") > 3  # retried first
+    err = capsys.readouterr().err
+    assert "preempted" in err and "http://127.0.0.1:1" in err
+    engine._reset_prefix_cache()
+    assert "preempted" not in capsys.readouterr().err  # said once
+    forced_ok["value"] = False
+    with pytest.raises(RuntimeError, match="the prefix cache could not be dropped"):
+        engine._reset_prefix_cache()
+
+
 def test_the_in_process_engines_reset_is_checked_too():
     from rlvr.rollout.weight_sync import reset_prefix_cache
 

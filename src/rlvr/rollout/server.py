@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -181,6 +182,7 @@ class ServerEngine:
         self._paused = False
         self._adapter_folder = adapter_folder  # adapter-only LoRA sync (rollout.lora_sync)
         self._adapter_registered = False
+        self._told_preempt = False  # another client's requests were preempted at a push
         self.last_sync_stats: SyncStats | None = None
         self._version = -1  # unknown until the first sync
         self._group = self._store = None
@@ -478,6 +480,9 @@ class ServerEngine:
             reset_prefix_cache(
                 lambda: self._reset_reply("/reset_prefix_cache", 60),
                 f"rollout server at {self.url}",
+                fallback=self._preempt_and_reset,
+                attempts=10,
+                wait_s=0.05,
             )
             return
         if not self._reset_reply("/reset_prefix_cache?reset_running_requests=true", None):
@@ -485,6 +490,21 @@ class ServerEngine:
                 f"rollout server at {self.url}: the KV cache of the paused requests could not be "
                 "dropped after a push; their next tokens would read the old weights' cache"
             )
+
+    def _preempt_and_reset(self) -> bool:
+        """The reset that preempts the running requests (they recompute on the new weights):
+        rlvr's own generations never run during a push (training/overlap.py), so what holds
+        blocks after the retries is another client of a standalone server; said once."""
+        ok = self._reset_reply("/reset_prefix_cache?reset_running_requests=true", None)
+        if ok and not self._told_preempt:
+            self._told_preempt = True
+            print(
+                f"rlvr: rollout server at {self.url}: requests of another client held the KV "
+                "cache at a weight push; they were preempted and recompute on the new weights",
+                file=sys.stderr,
+                flush=True,
+            )
+        return ok
 
     def _reset_reply(self, path: str, timeout_s: float | None) -> bool:
         """vLLM's ``{"success": bool}``; an answer without it (a vLLM whose reset says nothing)

@@ -269,17 +269,25 @@ def check_tied_lora(plan: dict[str, LoraMerge], tied: bool) -> None:
 
 
 def reset_prefix_cache(
-    reset: Callable[[], bool], where: str, *, attempts: int = 20, wait_s: float = 0.1
+    reset: Callable[[], bool],
+    where: str,
+    *,
+    fallback: Callable[[], bool] | None = None,
+    attempts: int = 20,
+    wait_s: float = 0.1,
 ) -> None:
     """Call ``reset`` (vLLM's prefix-cache reset; False while blocks are still held by running
-    requests or KV transfers, which vLLM says to retry) until it succeeds, or raise. A reset
-    left undone lets later requests reuse the KV cache the old weights computed for a shared
-    prompt prefix (a group's prompt, an epoch's second pass): their tokens would read the old
-    policy while labelled with the new version."""
+    requests or KV transfers, which vLLM says to retry) until it succeeds, then ``fallback``
+    once if given (a reset that preempts the requests holding blocks), or raise. A reset left
+    undone lets later requests reuse the KV cache the old weights computed for a shared prompt
+    prefix (a group's prompt, an epoch's second pass): their tokens would read the old policy
+    while labelled with the new version."""
     for i in range(attempts):
         if reset():
             return
         time.sleep(wait_s * min(i + 1, 5))
+    if fallback is not None and fallback():
+        return
     raise RuntimeError(
         f"{where}: the prefix cache could not be dropped after a weight push ({attempts} tries, "
         "blocks still held); requests sharing a prompt prefix would reuse the old weights' "
