@@ -244,12 +244,22 @@ def test_a_pause_cut_short_in_flight_is_undone_and_a_connecting_trainer_resumes_
     assert not server["paused"]
 
 
+def _engine_over(monkeypatch, post) -> ServerEngine:
+    """A ServerEngine whose HTTP posts go to ``post`` (a stand-in server), with no weight group
+    and no sleeps between reset retries."""
+    import rlvr.rollout.server as srv
+
+    monkeypatch.setattr(srv, "http_post", post)
+    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
+    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
+    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
+    return ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+
+
 def test_a_prefix_cache_reset_vllm_refuses_is_retried_then_raised(monkeypatch):
     """vLLM's ``/reset_prefix_cache`` answers ``{"success": false}`` while blocks are still held
     (running requests, KV transfers; "callers may retry"). Ignored, the next requests would reuse
     the KV cache the old weights computed for a shared prompt prefix: retried, then raised."""
-    import rlvr.rollout.server as srv
-
     answers = {"left": 2, "calls": 0}
 
     def post(url, path, body, **kw):
@@ -259,15 +269,11 @@ def test_a_prefix_cache_reset_vllm_refuses_is_retried_then_raised(monkeypatch):
             return {"success": answers["left"] < 0}
         return {}
 
-    monkeypatch.setattr(srv, "http_post", post)
-    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
-    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
-    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine = _engine_over(monkeypatch, post)
     engine._reset_prefix_cache()
     assert answers["calls"] == 3  # two refusals, then success
 
     answers.update(left=10**6, calls=0)
-    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
     with pytest.raises(RuntimeError, match="the prefix cache could not be dropped"):
         engine._reset_prefix_cache()
     assert answers["calls"] > 3
@@ -278,7 +284,6 @@ def test_requests_of_other_clients_are_preempted_rather_than_the_run_stopped(mon
     at a push hold KV blocks, and the plain reset keeps failing. After the retries the reset
     preempts them (vLLM's ``reset_running_requests=true``: they recompute on the new weights),
     said once; only if that fails too does the run stop."""
-    import rlvr.rollout.server as srv
 
     calls = []
     forced_ok = {"value": True}
@@ -291,11 +296,7 @@ def test_requests_of_other_clients_are_preempted_rather_than_the_run_stopped(mon
             return {"success": forced_ok["value"]}
         return {}
 
-    monkeypatch.setattr(srv, "http_post", post)
-    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
-    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
-    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
-    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine = _engine_over(monkeypatch, post)
     engine._reset_prefix_cache()
     assert calls.count("/reset_prefix_cache?reset_running_requests=true") == 1
     assert calls.index("/reset_prefix_cache?reset_running_requests=true") > 3  # retried first
@@ -322,7 +323,6 @@ def test_a_reset_answer_that_does_not_say_success_is_named_at_once(monkeypatch, 
     """A vLLM whose ``/reset_prefix_cache`` answers an empty 200 (no ``success``: an older
     server Python, ``rollout.server_python``) was read as a refusal: 20 retries over 9 s, then
     "blocks still held", which sends the user hunting for running requests."""
-    import rlvr.rollout.server as srv
 
     calls = []
 
@@ -331,11 +331,7 @@ def test_a_reset_answer_that_does_not_say_success_is_named_at_once(monkeypatch, 
             calls.append(path)
         return {}
 
-    monkeypatch.setattr(srv, "http_post", post)
-    monkeypatch.setattr(srv, "http_get", lambda *a, **k: {})
-    monkeypatch.setattr(ServerEngine, "_join", lambda self, host, port: None)
-    monkeypatch.setattr("rlvr.rollout.weight_sync.time.sleep", lambda s: None)
-    engine = ServerEngine("http://127.0.0.1:1", dtype=torch.float32, tied=True)
+    engine = _engine_over(monkeypatch, post)
     engine._paused = paused
     with pytest.raises(RuntimeError, match=r"answered \{\}, not vLLM's"):
         engine._reset_prefix_cache()
