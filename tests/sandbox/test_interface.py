@@ -212,3 +212,31 @@ def test_a_run_in_its_own_pid_namespace_keeps_its_hands_off_a_live_runs_folder(
         env=env,
     )
     assert os.path.isdir(live)
+
+
+@pytest.mark.parametrize("name", ["bwrap", "landlock"])
+def test_a_private_temp_folder_does_not_cost_root_the_backend(name, tmp_path, monkeypatch):
+    """As root the program runs as uid 65534, which cannot pass a 0700 TMPDIR (a job-private
+    temp folder): bwrap failed its probe there (it could not reach its own working folder), so
+    ``auto`` fell to the weaker landlock. The backend's folder goes where that uid can reach."""
+    import tempfile
+
+    from rlvr.sandbox.select import LOCAL_BACKENDS, _load
+
+    if os.geteuid() != 0:
+        pytest.skip("the uid drop to 65534 happens as root")
+    try:
+        get_sandbox(name)
+    except SandboxUnavailable:
+        pytest.skip(f"sandbox backend {name} does not run here")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    cls = _load(LOCAL_BACKENDS[name])
+    assert cls.probe() is None
+    box = cls()
+    try:
+        r = box.run(["python3", "-c", "open('x', 'w').write('ok'); print(open('x').read())"])
+        assert (r.returncode, r.stdout.strip()) == (0, "ok")
+    finally:
+        box.close()

@@ -118,13 +118,14 @@ def _namespace_tag() -> str:
     return hashlib.sha256(f"{socket.gethostname()}:{ns}".encode()).hexdigest()[:8]
 
 
-def process_folder(kind: str) -> str:
-    """A new folder ``<tmp>/rlvr-<kind>-<pid>-<tag>-XXXXXXXX`` for this process's sandbox, made
+def process_folder(kind: str, tmp: str | None = None) -> str:
+    """A new folder ``<tmp>/rlvr-<kind>-<pid>-<tag>-XXXXXXXX`` (``tmp``: by default the
+    process's temporary folder) for this process's sandbox, made
     after removing the folders of processes that are gone: atexit removes a backend's folder at
     a normal exit, but nothing does after a SIGKILL (a preempted or OOM-killed trainer). Only
     this user's folders whose name carries this machine's and pid namespace's ``tag``
     (``_namespace_tag``) and a pid no process has are removed."""
-    tmp, tag = tempfile.gettempdir(), _namespace_tag()
+    tmp, tag = tmp or tempfile.gettempdir(), _namespace_tag()
     prefix = f"rlvr-{kind}-"
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
@@ -139,4 +140,4 @@ def process_folder(kind: str) -> str:
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_uid == os.geteuid():
                     shutil.rmtree(path, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{tag}-")
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{tag}-", dir=tmp)

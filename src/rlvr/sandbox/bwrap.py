@@ -35,12 +35,19 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 
 from rlvr.sandbox.base import Limits, Result, check_files, process_folder
 from rlvr.sandbox.cgroup import CallGroup, Cgroups
-from rlvr.sandbox.interpreter import SystemFiles, reachable_by_others, resolve_argv, system_files
+from rlvr.sandbox.interpreter import (
+    SystemFiles,
+    reachable_by_others,
+    resolve_argv,
+    system_files,
+    traversable_by_others,
+)
 from rlvr.sandbox.process import decode, run_process
 from rlvr.sandbox.seccomp import bpf
 from rlvr.sandbox.unsafe_local import limit_from_exit, prlimit_argv, program_env
@@ -49,6 +56,21 @@ BOX = "/box"  # the working folder inside
 NOBODY = 65534
 TOOLS = ("bwrap", "unshare", "setpriv", "prlimit", "mount", "sh")
 _calls = itertools.count()  # names each call's status file
+
+
+def _temp_for_nobody() -> str:
+    """Where the backend's folder goes as root: bwrap, started as uid 65534, opens its working
+    folder and the staged interpreter folders by path, so every folder above them must be
+    passable by that uid. TMPDIR when it is; a private one (0700: a job's own) gives way to
+    the system's. The program's files live on the per-call tmpfs, not on that disk."""
+    for folder in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(folder) and traversable_by_others(folder):
+            return folder
+    raise RuntimeError(
+        f"no temporary folder uid {NOBODY} can pass into ({tempfile.gettempdir()}, /tmp, "
+        "/var/tmp, /dev/shm): as root the program runs as that uid; set TMPDIR to a folder "
+        "every user may traverse (o+x)"
+    )
 
 
 class BwrapSandbox:
@@ -63,7 +85,7 @@ class BwrapSandbox:
         self.sys: SystemFiles = system_files()
         self.seccomp = bpf(allow_inet=True)  # the network namespace is empty
         self.cgroups = Cgroups.find()
-        self.home = process_folder("sandbox")
+        self.home = process_folder("sandbox", _temp_for_nobody() if self.root else None)
         atexit.register(shutil.rmtree, self.home, True)
         os.chmod(self.home, 0o755)
         self.mnt = os.path.join(self.home, "box")

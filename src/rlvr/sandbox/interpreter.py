@@ -63,6 +63,16 @@ def reachable_by_others(path: str) -> bool:
     return bool(os.stat(path).st_mode & 0o004)
 
 
+def traversable_by_others(folder: str) -> bool:
+    """Every folder from / down to ``folder`` itself passable by any user (o+x)."""
+    cur = "/"
+    for part in [p for p in folder.split("/") if p]:
+        cur = os.path.join(cur, part)
+        if not os.stat(cur).st_mode & 0o001:
+            return False
+    return True
+
+
 def _links_on_the_way(path: str, links: dict[str, str], seen: int = 0) -> str:
     """Record each symlink met while resolving ``path`` component by component; the real path."""
     if seen > 40:
