@@ -118,16 +118,16 @@ def test_a_killed_trainers_sandbox_folder_is_removed_by_the_next_one(tmp_path, m
     import sys
     import tempfile
 
-    from rlvr.sandbox.base import _namespace_tag, process_folder
+    from rlvr.sandbox.base import namespace_tag, process_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f"rlvr-sandbox-{gone.pid}-{_namespace_tag()}-abc"
+    dead = tmp_path / f"rlvr-sandbox-{gone.pid}-{namespace_tag()}-abc"
     (dead / "box").mkdir(parents=True)
     (dead / "box" / "left.txt").write_text("x")
     alive = (
-        tmp_path / f"rlvr-sandbox-{os.getppid()}-{_namespace_tag()}-def"
+        tmp_path / f"rlvr-sandbox-{os.getppid()}-{namespace_tag()}-def"
     )  # a running process's: kept
     alive.mkdir()
     other = tmp_path / "rlvr-sandbox-notapid"  # not ours to judge: kept
@@ -240,3 +240,78 @@ def test_a_private_temp_folder_does_not_cost_root_the_backend(name, tmp_path, mo
         assert (r.returncode, r.stdout.strip()) == (0, "ok")
     finally:
         box.close()
+
+
+def test_a_run_in_its_own_pid_namespace_leaves_a_live_runs_cgroups_and_programs(tmp_path):
+    """The cgroup twin of the folder test above: a trainer in its own pid namespace sharing
+    the cgroup (``unshare --pid``, a container on the host's cgroup) saw a live trainer's
+    ``rlvr-sandbox-<pid>`` group as a dead one's, killed the program running in it and removed
+    the group; and a process outside its namespace reads as pid 0 in ``cgroup.procs``, so its
+    SIGKILL went to its own process group."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from rlvr.sandbox.cgroup import Cgroups
+
+    unshare = shutil.which("unshare")
+    probe = [unshare, "--pid", "--fork", "--mount-proc", "true"] if unshare else None
+    if probe is None or subprocess.run(probe, capture_output=True).returncode != 0:
+        pytest.skip("unshare --pid is not available here")
+    groups = Cgroups.find()
+    if groups is None:
+        pytest.skip("no writable cgroup here")
+    call = groups.new_call(64 * 2**20, 8)
+    program = subprocess.Popen(["sleep", "60"])
+    try:
+        for procs in call.join:
+            with open(procs, "w") as f:
+                f.write(str(program.pid))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        code = "from rlvr.sandbox.cgroup import Cgroups; Cgroups.find(); print('alive')"
+        other = subprocess.run(
+            [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (other.returncode, other.stdout.strip()) == (0, "alive"), other.stderr[-2000:]
+        assert program.poll() is None, "the live run's program was killed"
+        assert all(os.path.isdir(d) for d in call.dirs.values())
+    finally:
+        program.send_signal(signal.SIGKILL)
+        program.wait()
+        call.remove()
+
+
+def test_the_sweep_judges_only_its_own_namespaces_groups_and_never_pid_0(tmp_path):
+    """A group named by another pid namespace (``rlvr-sandbox-<pid>-<other tag>``) is a live
+    run's for all this process can tell: its program is left alone. And cgroup v2 lists a
+    process outside the reader's pid namespace as 0, which ``kill`` reads as "my own process
+    group": such entries are not pids."""
+    import signal
+    import subprocess
+
+    from rlvr.sandbox.cgroup import CallGroup, _sweep
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process here has
+    program = subprocess.Popen(["sleep", "60"])
+    try:
+        for tag in ("0000ffff", None):  # another namespace's; a name without a tag
+            name = f"rlvr-sandbox-{gone.pid}" + (f"-{tag}" if tag else "")
+            call = tmp_path / name / "call-0"
+            call.mkdir(parents=True)
+            (call / "cgroup.procs").write_text(f"{program.pid}\n")
+        _sweep(str(tmp_path))
+        assert program.poll() is None, "another namespace's program was killed"
+        listed = tmp_path / "v2"
+        listed.mkdir()
+        (listed / "cgroup.procs").write_text(f"0\n{program.pid}\n0\n")
+        group = CallGroup({"memory": str(listed), "pids": str(listed)}, True)
+        assert group.procs() == [program.pid]
+    finally:
+        program.send_signal(signal.SIGKILL)
+        program.wait()

@@ -107,7 +107,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _namespace_tag() -> str:
+def namespace_tag() -> str:
     """Who can judge a folder's pid: this machine and this pid namespace (8 hex digits). A pid
     means nothing in another pid namespace (a container) or on another machine sharing the temp
     folder (TMPDIR on a shared disk): there a live trainer's pid looks like a dead one's."""
@@ -124,8 +124,8 @@ def process_folder(kind: str, tmp: str | None = None) -> str:
     after removing the folders of processes that are gone: atexit removes a backend's folder at
     a normal exit, but nothing does after a SIGKILL (a preempted or OOM-killed trainer). Only
     this user's folders whose name carries this machine's and pid namespace's ``tag``
-    (``_namespace_tag``) and a pid no process has are removed."""
-    tmp, tag = tmp or tempfile.gettempdir(), _namespace_tag()
+    (``namespace_tag``) and a pid no process has are removed."""
+    tmp, tag = tmp or tempfile.gettempdir(), namespace_tag()
     prefix = f"rlvr-{kind}-"
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):

@@ -2,9 +2,10 @@
 call's whole process tree, a cap on its processes (threads count), its CPU time summed.
 
 cgroup v1 (a folder per controller: memory, pids, cpuacct) and v2 (one unified folder) are both
-handled. The call's groups live under the trainer's own groups, in ``rlvr-sandbox-<pid>``, and
-are removed after the call; what a killed trainer's calls left (processes included) is ended and
-removed by the next trainer that starts there. The launcher shell joins the groups (writes its pid to each ``cgroup.procs``)
+handled. The call's groups live under the trainer's own groups, in ``rlvr-sandbox-<pid>-<tag>``
+(``tag``: this machine's and pid namespace's, as the sandbox folders have it), and are removed
+after the call; what a killed trainer's calls left (processes included) is ended and removed by
+the next trainer of the same pid namespace that starts there. The launcher shell joins the groups (writes its pid to each ``cgroup.procs``)
 before it execs anything of the program, so every process of the call starts inside.
 """
 
@@ -19,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from rlvr.sandbox.base import pid_alive
+from rlvr.sandbox.base import namespace_tag, pid_alive
 
 ROOT = "/sys/fs/cgroup"
 _counter = itertools.count()
@@ -104,7 +105,8 @@ class CallGroup:
         for path in self.join:
             with contextlib.suppress(OSError), open(path) as f:
                 out.update(int(x) for x in f.read().split())
-        return sorted(out)
+        # v2 lists a process outside the reader's pid namespace as 0: kill(0) is one's own group
+        return sorted(p for p in out if p > 0)
 
     def kill_all(self, timeout_s: float = 5.0) -> None:
         """SIGKILL every process in the groups until none is left (new ones may be forking)."""
@@ -145,7 +147,7 @@ class Cgroups:
         except OSError:
             return None
         unified = os.path.join(ROOT, "cgroup.controllers")
-        tag = f"rlvr-sandbox-{os.getpid()}"
+        tag = f"rlvr-sandbox-{os.getpid()}-{namespace_tag()}"
         if os.path.exists(unified):  # v2 only
             parent = os.path.join(ROOT, own.get("", "/").lstrip("/"))
             _sweep(parent, v2=True)
@@ -222,12 +224,14 @@ def _remove(folders) -> None:
 def _sweep(parent: str, v2: bool = False) -> None:
     """End what the calls of trainers that are gone left running (a trainer killed mid-call:
     a program's child in a session of its own outlives it where no pid namespace holds it),
-    then remove their groups."""
+    then remove their groups. Only this pid namespace's groups are judged by their pid: in
+    another one (a container on the same cgroup) a live trainer's pid looks like a dead one's."""
+    tag = namespace_tag()
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
-            if not name.startswith("rlvr-sandbox-"):
+            pid, _, rest = name.removeprefix("rlvr-sandbox-").partition("-")
+            if not name.startswith("rlvr-sandbox-") or rest != tag:
                 continue
-            pid = name.rpartition("-")[2]
             if not pid.isdigit() or pid_alive(int(pid)):
                 continue
             base = os.path.join(parent, name)
