@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.harness.model_info import param_counts
+from benchmarks.harness.model_info import checkpointing, param_counts
 from benchmarks.harness.protocol import Gate
 from benchmarks.harness.workloads import prompt_digest
 from rlvr.allocator import describe as describe_allocator
@@ -143,6 +143,7 @@ def main(argv: list[str]) -> int:
                 allocator=describe_allocator(),
                 threads=torch.get_num_threads(),
                 versions=versions,
+                activation_checkpointing=checkpointing(trainer.model),
                 **param_counts(trainer.model),
             )
             if not ready:
