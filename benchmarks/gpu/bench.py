@@ -94,6 +94,26 @@ def build_shape(name: str, folder: Path, tokenizer, device: str) -> Path:
     return folder
 
 
+def side_spec(
+    shape: str,
+    model_dir: Path,
+    tokenizer,
+    device: str,
+    *,
+    prompts: int,
+    group: int,
+    new_tokens: int,
+    micro: int,
+    steps: int,
+    warmup: int = 1,
+) -> dict:
+    """A worker's spec for ``shape`` (``side``, ``work_dir`` and ``padded`` are the caller's)."""
+    w = Workload(shape, "random", prompts, group, new_tokens, steps, warmup, steps, 1e-6, micro)
+    spec = w.worker_spec(model_dir, seed=0, threads=2 if device == "cpu" else 8, steps=steps)
+    spec.update(device=device, schedule=step_schedule(w, steps, tokenizer, seed=0))
+    return spec
+
+
 def trl_missing(python: str) -> str | None:
     """Why TRL's side cannot run under ``python`` (None when it can)."""
     res = subprocess.run([python, "-c", "import trl, datasets"], capture_output=True, text=True)

@@ -32,8 +32,8 @@ def arithmetic_reward(prompts, completions, answer, **kwargs) -> list[float]:
 
 
 def grpo_args(spec: dict):
-    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, and the
-    spec's precision (bf16 mixed precision by default, float32 with ``"precision": "float32"``)."""
+    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, no gradient
+    checkpointing (TRL's default is on), and the spec's precision (bf16 mixed precision by default, float32 with ``"precision": "float32"``)."""
     from trl import GRPOConfig
 
     seqs = spec["prompts_per_step"] * spec["group_size"]
@@ -62,6 +62,9 @@ def grpo_args(spec: dict):
         adam_beta2=0.999,
         adam_epsilon=1e-8,
         max_grad_norm=1.0,
+        # TRL's configs default to True (trl/trainer/base_config.py): the update would recompute
+        # its forward; rlvr's side runs without (worker_rlvr.config_overrides), so equal work
+        gradient_checkpointing=False,
         max_steps=spec["steps"],
         seed=spec["seed"],
         shuffle_dataset=False,  # the dataset already is rlvr's prompt order
