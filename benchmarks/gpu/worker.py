@@ -14,8 +14,8 @@ step's own peak (model loading and start-up left out on both sides). rlvr's trai
 the peak at its step's start (``training/memory.MemoryMeter``); that reset falls right after the
 recorder's and changes nothing here. The benchmark takes the maximum over the measured steps.
 
-``RLVR_GPU_BENCH_FAIL=SIDE`` makes that side's worker fail at once (exit 3): how the CPU
-rehearsal checks that a failed side still leaves its tables. Needs ``PYTHONPATH`` with the
+``RLVR_GPU_BENCH_FAIL=SIDE`` makes that side's worker fail at once (exit 3), ``SIDE:hang`` hang
+until killed: how the CPU rehearsal checks that a failed or timed-out side still leaves its tables. Needs ``PYTHONPATH`` with the
 repository root and ``src``.
 """
 
@@ -118,8 +118,11 @@ def main(argv: list[str]) -> int:
         )
         return 2
     side, spec = argv[0], json.loads(Path(argv[1]).read_text())
-    if os.environ.get(FAIL_ENV) == spec.get("side", side):
-        print(f"[gpu-worker] {spec.get('side', side)}: failure injected by {FAIL_ENV}", flush=True)
+    name, _, how = os.environ.get(FAIL_ENV, "").partition(":")
+    if name == spec.get("side", side):
+        print(f"[gpu-worker] {name}: failure injected by {FAIL_ENV} ({how or 'exit'})", flush=True)
+        while how == "hang":
+            time.sleep(60)
         return 3
     device = spec["device"]
     torch.manual_seed(spec["seed"])
