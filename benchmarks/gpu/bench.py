@@ -186,6 +186,7 @@ def summarize(result: dict, warmup: int, peak: float) -> dict:
     s["maxrss_mb"] = result["maxrss_mb"]
     s["process_s"] = result["process_s"]
     s["attention"] = info.get("attention")
+    s["gradient_checkpointing"] = info.get("gradient_checkpointing")  # equal work: False
     s["versions"] = info.get("versions", {})
     s["prompt_digests"] = [r["prompt_digest"] for r in result["records"]]
     s["completion_lens"] = sorted({n for r in result["records"] for n in r["completion_lens"]})
