@@ -51,14 +51,17 @@ from benchmarks.harness.workloads import (
 from rlvr.allocator import CHOICES as ALLOCATORS
 from rlvr.allocator import allocator_env
 
-KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
+KNOWN_SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole", "trl-gc")
 DEFAULT_SIDES = "rlvr,rlvr-vllm,trl"
 # the rollout engine of each rlvr side (the TRL side generates with transformers inside TRL)
 RLVR_ENGINES = {"rlvr": "hf", "rlvr-vllm": "vllm"}
 # TRL's two settings: "trl" trains on micro-batches with gradient accumulation (its memory-lean
 # setting, the peer every ratio is taken against); "trl-whole" trains on the whole rollout batch
 # in one pass (its fast setting, more activation memory). Opt-in: --sides rlvr,trl,trl-whole.
-TRL_SIDES = ("trl", "trl-whole")
+# Every TRL side runs without gradient checkpointing, as rlvr does (equal work: TRL's configs turn
+# it on by default, so its update would recompute each forward); "trl-gc" is TRL with it on, its
+# default, to show what the default costs. Opt-in: --sides rlvr,trl,trl-gc.
+TRL_SIDES = ("trl", "trl-whole", "trl-gc")
 
 
 def parse_sides(text: str) -> list[str]:
@@ -254,6 +257,8 @@ def run_seed(
             }
             if side == "trl-whole":
                 spec["micro_batch"] = w.sequences
+            if side == "trl-gc":
+                spec["gradient_checkpointing"] = True
             if side in RLVR_ENGINES:
                 spec["engine"] = RLVR_ENGINES[side]
             (work / side).mkdir(exist_ok=True)

@@ -8,7 +8,8 @@ Equal work: the same model shape (Qwen2.5 configs in ``shapes/``, random weights
 prompts in the same order (``harness/workloads.step_schedule``, checked by digest), group size,
 Dr.GRPO with beta 0, fp32 weights under bf16 autocast, no gradient checkpointing on either side
 (TRL's configs turn it on by default: ``worker_trl.grpo_args`` turns it off, rlvr's
-``model.gradient_checkpointing`` is off and ``worker_rlvr.config_overrides`` says so), transformers
+``model.gradient_checkpointing`` is off and ``worker_rlvr.config_overrides`` says so; each
+side's JSON has ``activation_checkpointing`` as read from its model), transformers
 generation on both sides, and replies of exactly ``--new-tokens`` tokens: the tokenizer's EOS lies beyond the model's rows
 (``rlvr.training.tiny.build_fixed_length_tokenizer``), so neither sampler can stop early. Each
 side runs alone in its own process (``worker.py``). Figures over the steps after ``--warmup``:
@@ -186,7 +187,8 @@ def summarize(result: dict, warmup: int, peak: float) -> dict:
     s["maxrss_mb"] = result["maxrss_mb"]
     s["process_s"] = result["process_s"]
     s["attention"] = info.get("attention")
-    s["gradient_checkpointing"] = info.get("gradient_checkpointing")  # equal work: False
+    # read from the side's model (harness.model_info.checkpointing); equal work: False
+    s["activation_checkpointing"] = info.get("activation_checkpointing")
     s["versions"] = info.get("versions", {})
     s["prompt_digests"] = [r["prompt_digest"] for r in result["records"]]
     s["completion_lens"] = sorted({n for r in result["records"] for n in r["completion_lens"]})

@@ -98,7 +98,6 @@ def run_rlvr(spec: dict, rec: Recorder) -> None:
         rec,
         spec.get("side", "rlvr"),
         attention=trainer.model.config._attn_implementation,
-        gradient_checkpointing=trainer.cfg.model.gradient_checkpointing,
     )
 
 
@@ -107,7 +106,6 @@ def run_trl(spec: dict, rec: Recorder) -> None:
 
     trainer = build_trainer(spec, rec)
     rec.info["attention"] = trainer.model.config._attn_implementation
-    rec.info["gradient_checkpointing"] = trainer.args.gradient_checkpointing
     trainer.train()
 
 

@@ -25,6 +25,16 @@ def param_counts(model) -> dict:
     }
 
 
+def checkpointing(model) -> bool:
+    """Whether ``model`` recomputes its forward in the backward pass (gradient, a.k.a.
+    activation, checkpointing), read from the model itself: what the side really ran with."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):  # transformers 5, 4
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value)
+    return False
+
+
 def kv_bytes_per_token(config) -> int:
     """bf16 bytes of K and V over all layers for one token (the KV cache a decoding step reads).
 

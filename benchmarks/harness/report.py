@@ -11,12 +11,13 @@ from benchmarks.harness.stats import safe_ratio
 
 # Column order of the table (whatever the order of turns was); the rlvr sides differ only in
 # their rollout engine. Older results files hold "rlvr" (transformers) and "trl" only.
-SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole")
+SIDES = ("rlvr", "rlvr-vllm", "trl", "trl-whole", "trl-gc")
 LABELS = {
     "rlvr": "rlvr (transformers)",
     "rlvr-vllm": "rlvr (vLLM)",
     "trl": "TRL",
     "trl-whole": "TRL, whole batch",
+    "trl-gc": "TRL, gradient checkpointing",
 }
 # the phases set against their physical bound (bounds.py), with the bound each one has
 BOUND_LABELS = (

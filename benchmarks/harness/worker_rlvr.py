@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from benchmarks.harness.model_info import param_counts
+from benchmarks.harness.model_info import checkpointing, param_counts
 from benchmarks.harness.protocol import Gate
 from benchmarks.harness.workloads import prompt_digest
 from rlvr.allocator import describe as describe_allocator
@@ -138,6 +138,7 @@ def fit_gated(trainer, gate, side: str, **info) -> None:
                 allocator=describe_allocator(),
                 threads=torch.get_num_threads(),
                 versions=versions,
+                activation_checkpointing=checkpointing(trainer.model),
                 **param_counts(trainer.model),
                 **info,
             )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.harness.model_info import param_counts
+from benchmarks.harness.model_info import checkpointing, param_counts
 from benchmarks.harness.protocol import Gate
 from benchmarks.harness.workloads import prompt_digest
 from rlvr.allocator import describe as describe_allocator
@@ -32,8 +32,11 @@ def arithmetic_reward(prompts, completions, answer, **kwargs) -> list[float]:
 
 
 def grpo_args(spec: dict):
-    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, no gradient
-    checkpointing (TRL's default is on), and the spec's precision (bf16 mixed precision by default, float32 with ``"precision": "float32"``)."""
+    """TRL's settings for the same algorithm: Dr.GRPO, beta 0, one update per batch, and the
+    spec's precision (bf16 mixed precision by default, float32 with ``"precision": "float32"``).
+    No gradient checkpointing unless the spec asks (``"gradient_checkpointing": true``): rlvr's
+    update keeps its activations, and TRL's configs turn checkpointing on by default
+    (``trl/trainer/base_config.py``), which would make TRL's update recompute each forward."""
     from trl import GRPOConfig
 
     seqs = spec["prompts_per_step"] * spec["group_size"]
@@ -62,9 +65,6 @@ def grpo_args(spec: dict):
         adam_beta2=0.999,
         adam_epsilon=1e-8,
         max_grad_norm=1.0,
-        # TRL's configs default to True (trl/trainer/base_config.py): the update would recompute
-        # its forward; rlvr's side runs without (worker_rlvr.config_overrides), so equal work
-        gradient_checkpointing=False,
         max_steps=spec["steps"],
         seed=spec["seed"],
         shuffle_dataset=False,  # the dataset already is rlvr's prompt order
@@ -73,6 +73,7 @@ def grpo_args(spec: dict):
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        gradient_checkpointing=bool(spec.get("gradient_checkpointing", False)),
     )
 
 
@@ -168,6 +169,7 @@ def build_trainer(spec: dict, gate: Gate):
                     "torch": torch.__version__,
                     "accelerate": accelerate.__version__,
                 },
+                activation_checkpointing=checkpointing(self.trainer.model),
                 **param_counts(self.trainer.model),
             )
             self.trainer._bench_reset()

@@ -36,7 +36,7 @@ def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
     assert rlvr["measured_steps"] == 1 and rlvr["step_time_median_s"] > 0
     assert rlvr["phase_median_s"]["generate"] > 0 and rlvr["phase_median_s"]["update"] > 0
     assert rlvr["completion_tokens_per_step"] == 2 * 2 * 8
-    assert rlvr["gradient_checkpointing"] is False  # equal work (TRL's default would be True)
+    assert rlvr["activation_checkpointing"] is False  # equal work (TRL's default would be True)
     text = md_file.read_text()
     for row in (
         "step time (s, median)",
@@ -50,7 +50,7 @@ def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
     if "trl" in shape["sides"]:  # TRL installed: its column and the ratios are filled
         assert shape["ratios_rlvr_over_trl"]["step_time_median_s"] > 0
         assert shape["sides"]["trl"]["prompt_digests"] == rlvr["prompt_digests"]
-        assert shape["sides"]["trl"]["gradient_checkpointing"] is False
+        assert shape["sides"]["trl"]["activation_checkpointing"] is False
     else:  # otherwise the skip is said, in the table and the JSON
         assert "TRL's side skipped" in text
         assert any("TRL's side skipped" in n for n in report["notes"])

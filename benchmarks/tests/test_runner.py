@@ -186,3 +186,20 @@ def test_quick_benchmark_both_sides(tmp_path):
         assert len(res["steps"]) == 3 and res["summary"]["measured_steps"] == 2
         assert res["ready"]["total_params"] == payload["sides"]["rlvr"]["ready"]["total_params"]
     assert payload["sides"]["trl"]["ready"]["versions"]["trl"] == "1.16.0"
+
+
+@pytest.mark.slow
+def test_trl_trains_without_gradient_checkpointing_as_rlvr_does(tmp_path):
+    """Equal work: TRL's configs turn gradient checkpointing on by default, so the ``trl`` side
+    recomputed every forward in its update while rlvr keeps its activations. Each side reports
+    what its model really ran with; ``trl-gc`` is TRL's default, measured beside it."""
+    from benchmarks.step import main
+
+    argv = ["--workload", "quick", "--steps", "2", "--warmup", "1"]
+    argv += ["--sides", "rlvr,trl,trl-gc", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (js,) = tmp_path.glob("*-quick.json")
+    sides = json.loads(js.read_text())["sides"]
+    flags = {s: sides[s]["ready"]["activation_checkpointing"] for s in ("rlvr", "trl", "trl-gc")}
+    assert flags == {"rlvr": False, "trl": False, "trl-gc": True}
+    assert "TRL, gradient checkpointing" in js.with_suffix(".md").read_text()

@@ -1,7 +1,7 @@
 """torch.distributed glue: process group, model wrapping (FSDP2 or DDP), reductions.
 
 The same code runs one process (every function is a no-op or identity), several CPU processes
-(gloo) and several GPUs (NCCL). Launch with ``torchrun --nproc-per-node N -m rlvr train ...``.
+(gloo) and several GPUs (NCCL for CUDA tensors, gloo beside it for CPU ones: `group_backend`). Launch with ``torchrun --nproc-per-node N -m rlvr train ...``.
 
 How a step is split: every rank draws the same global prompt indices (same seed), keeps its own
 contiguous slice of whole prompts (a prompt group never spans ranks), generates, scores and
@@ -43,11 +43,18 @@ def init_distributed() -> DistInfo:
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
+        cuda = torch.cuda.is_available()
+        if cuda:
             torch.cuda.set_device(local)
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=group_backend(cuda))
     return DistInfo(rank=rank, world_size=world, local_rank=local)
+
+
+def group_backend(cuda: bool) -> str:
+    """The process group's backends: with CUDA, NCCL for CUDA tensors (FSDP2's collectives, the
+    decoding flag) and gloo for CPU ones (float reductions, the sharded checkpoint's agreement
+    flag, object collectives): NCCL alone refuses a CPU tensor."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
 
 
 def shutdown() -> None:

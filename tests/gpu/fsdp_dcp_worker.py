@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.checkpoint.sharded import is_sharded, restore_sharded_checkpoint, save_sharded_checkpoint
-from rlvr.distributed import wrap_model
+from rlvr.distributed import group_backend, wrap_model
 from rlvr.training.batching import PromptSampler
 from rlvr.training.tiny import build_char_tokenizer, build_tiny_model
 
@@ -65,11 +65,14 @@ def main(out: Path, device_name: str) -> None:
     device = torch.device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    dist.init_process_group(group_backend(device.type == "cuda"))  # rlvr's own group
     tok = build_char_tokenizer()
     ids = torch.randint(0, len(tok), (4, 16), generator=torch.Generator().manual_seed(0))
     ids = ids.to(device)
-    result: dict = {"backend": dist.get_backend()}
+    result: dict = {"backend": str(dist.get_backend())}
+    flag = torch.tensor([1.0])  # a CPU tensor, as the checkpoint's agreement flag is
+    dist.all_reduce(flag)
+    result["cpu_tensor_reduced"] = float(flag)
 
     # FSDP2 against the plain model: same init, same batch, one step
     plain = build_tiny_model(tok, seed=0, heads=4, kv_heads=2).to(device)

@@ -55,3 +55,30 @@ def test_vllm_is_allowed_with_several_processes_when_tp_divides_them():
         "rollout.tensor_parallel_size=4 must divide the number of processes (2): each group of "
         "that many ranks shares one vLLM engine"
     ]
+
+
+def test_a_gpu_group_also_carries_cpu_tensors(monkeypatch):
+    """With CUDA the process group was NCCL alone, which takes CUDA tensors only ("No backend
+    type associated with device type cpu"): the sharded checkpoint's agreement flag and every
+    float reduction (``all_reduce_sum``) are CPU tensors, so several-GPU training failed at
+    its first checkpoint. The group serves both devices: gloo for CPU tensors, NCCL for CUDA."""
+    import torch
+    import torch.distributed as dist
+
+    from rlvr import distributed
+
+    asked: list = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: asked.append(("device", i)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend: asked.append(backend))
+    info = distributed.init_distributed()
+    assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
+    assert asked == [("device", 1), "cpu:gloo,cuda:nccl"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    asked.clear()
+    distributed.init_distributed()
+    assert asked == ["gloo"]
