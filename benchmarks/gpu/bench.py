@@ -31,6 +31,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -295,8 +296,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def _exit_on_term(signum, frame) -> None:
+    # SIGTERM (run.sh's `timeout`) as an exception: subprocess.run then kills the side's worker,
+    # which would otherwise hold the GPU through the stages after this one
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_term)
     dry = a.dry
     device = "cpu" if dry else "cuda"
     if not dry and not torch.cuda.is_available():

@@ -8,7 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 from benchmarks.harness.workloads import prompt_digest
 
@@ -103,9 +106,25 @@ def test_a_side_that_hangs_still_leaves_the_other_sides_table_when_the_bench_is_
                 break
         else:
             raise AssertionError("the rlvr side never finished")
+        hang_log = out / "work" / "tiny" / "rlvr-padded.log"
+        for _ in range(120):  # the padded side's worker is up and hanging
+            if hang_log.exists() and "(hang)" in hang_log.read_text():
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the hanging side never started")
     finally:
-        proc.kill()
-        proc.wait()
+        proc.terminate()  # SIGTERM, as `timeout` sends
+        proc.wait(timeout=60)
+    # the hanging worker went with it (it would hold the GPU through the later stages)
+    time.sleep(1)
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])
+    ]
+    for p in left:  # never leave one behind, even when the assertion fails
+        p.kill()
+    left = [p.pid for p in left]
+    assert left == [], f"workers left running: {left}"
     report = json.loads((out / "t.json").read_text())
     rlvr = report["shapes"]["tiny"]["sides"]["rlvr"]
     assert rlvr["measured_steps"] == 1 and rlvr["step_time_median_s"] > 0
