@@ -3,7 +3,8 @@
 # side of the benchmark (docs/gpu.md): Python 3.12, manylinux x86_64, no dependencies resolved
 # (the image already holds torch, transformers, accelerate, numpy, pyarrow, pandas, xxhash, ...).
 # They land in benchmarks/gpu/.wheels (git-ignored), which a device call carries; run.sh installs
-# them there with `pip install --no-index --no-deps`. About 20 MiB.
+# them there with `pip install --no-index --no-deps --target /tmp/rlvr-site` and puts that folder
+# on PYTHONPATH (the image's site-packages untouched). About 20 MiB.
 set -euo pipefail
 cd "$(dirname "$0")"
 DEST=${1:-.wheels}

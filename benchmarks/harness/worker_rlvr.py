@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import psutil
+import torch
 
 from benchmarks.harness.model_info import checkpointing, param_counts
 from benchmarks.harness.protocol import Gate
@@ -33,8 +34,8 @@ AUTOCAST = {"bf16": "bf16", "float32": "off"}
 
 
 def config_overrides(spec: dict) -> list[str]:
-    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, and
-    ``spec["precision"]`` (default bf16: bf16 autocast; float32: none).
+    """rlvr's config for the workload: Dr.GRPO, beta 0, one update per batch, no gradient
+    checkpointing, and ``spec["precision"]`` (default bf16: bf16 autocast; float32: none).
 
     ``spec["engine"]`` (default ``hf``) is the rollout engine; vLLM keeps its config defaults
     (weights pushed to it after every update, timed as the step's ``sync`` phase).
@@ -48,6 +49,8 @@ def config_overrides(spec: dict) -> list[str]:
     return [
         f"model.name_or_path={spec['model_dir']}",
         "model.dtype=float32",
+        # equal work with TRL's side (worker_trl.grpo_args): no recomputed forward in the update
+        "model.gradient_checkpointing=false",
         # float32 master weights; bf16 autocast, or float32 throughout (vLLM follows)
         f"model.autocast={AUTOCAST[precision]}",
         "data.task=arithmetic",
@@ -103,24 +106,16 @@ def step_record(trainer, metrics: dict) -> dict:
         "reward_mean": metrics["reward_mean"],
         "prompt_digest": prompt_digest(prompt_texts),
         "inner_step_s": metrics["time_step"],
+        # the seed the step's generation drew from (Step.seed: train.seed and the step counter)
+        "torch_seed": torch.initial_seed(),
     }
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m benchmarks.harness.worker_rlvr SPEC.json", file=sys.stderr)
-        return 2
-    spec = json.loads(Path(argv[0]).read_text())
-    import torch
-
-    from rlvr.config import load_config
-    from rlvr.training.trainer import Trainer
-
-    torch.set_num_threads(spec["threads"])
-    cfg = load_config(None, config_overrides(spec))
-    trainer = Trainer(cfg, run_dir=Path(spec["work_dir"]) / "rlvr-run")
-    gate = Gate()
-    side = spec.get("side", "rlvr")
+def fit_gated(trainer, gate, side: str, **info) -> None:
+    """``trainer.fit()`` (rlvr's own loop: its step counter, seeds, health gate and metrics)
+    with every ``train_step`` reported to ``gate`` (``protocol.Gate``, or the GPU worker's
+    ``Recorder``); stops, before the final save, when the gate says so. ``info`` joins the
+    ``ready`` event."""
     inner = trainer.train_step
     started = False
 
@@ -145,6 +140,7 @@ def main(argv: list[str]) -> int:
                 versions=versions,
                 activation_checkpointing=checkpointing(trainer.model),
                 **param_counts(trainer.model),
+                **info,
             )
             if not ready:
                 raise BenchStop
@@ -156,6 +152,22 @@ def main(argv: list[str]) -> int:
     trainer.train_step = gated_step
     with contextlib.suppress(BenchStop):  # the runner's stop, raised out of a step
         trainer.fit()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m benchmarks.harness.worker_rlvr SPEC.json", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    from rlvr.config import load_config
+    from rlvr.training.trainer import Trainer
+
+    torch.set_num_threads(spec["threads"])
+    cfg = load_config(None, config_overrides(spec))
+    trainer = Trainer(cfg, run_dir=Path(spec["work_dir"]) / "rlvr-run")
+    gate = Gate()
+    side = spec.get("side", "rlvr")
+    fit_gated(trainer, gate, side)
     self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     gate.emit("done", side=side, maxrss_self_mb=self_kb / 1024)
     return 0

@@ -8,9 +8,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
+
+from benchmarks.harness.workloads import prompt_digest
+
 ROOT = Path(__file__).resolve().parents[2]
+SHAPES = ROOT / "benchmarks" / "gpu" / "shapes"
+RUN_SH = ROOT / "benchmarks" / "gpu" / "run.sh"
+STAGES = ("env", "tests", "bench-tiny", "fsdp", "bench-tiny-b")
 
 
 def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
@@ -31,6 +39,7 @@ def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
     assert rlvr["measured_steps"] == 1 and rlvr["step_time_median_s"] > 0
     assert rlvr["phase_median_s"]["generate"] > 0 and rlvr["phase_median_s"]["update"] > 0
     assert rlvr["completion_tokens_per_step"] == 2 * 2 * 8
+    assert rlvr["activation_checkpointing"] is False  # equal work (TRL's default would be True)
     text = md_file.read_text()
     for row in (
         "step time (s, median)",
@@ -44,7 +53,159 @@ def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
     if "trl" in shape["sides"]:  # TRL installed: its column and the ratios are filled
         assert shape["ratios_rlvr_over_trl"]["step_time_median_s"] > 0
         assert shape["sides"]["trl"]["prompt_digests"] == rlvr["prompt_digests"]
+        assert shape["sides"]["trl"]["activation_checkpointing"] is False
     else:  # otherwise the skip is said, in the table and the JSON
         assert "TRL's side skipped" in text
         assert any("TRL's side skipped" in n for n in report["notes"])
         assert shape["ratios_rlvr_over_trl"]["step_time_median_s"] is None
+
+
+def test_the_gpu_worker_moves_the_step_counter_so_each_step_draws_its_own_seed(tmp_path):
+    """The GPU worker drives rlvr's real loop: step k seeds from (train.seed, k) as `fit` does
+    (a stuck counter reseeded every step alike)."""
+    from benchmarks.gpu.bench import build_shape, side_spec
+    from rlvr.training.step import step_seed
+    from rlvr.training.tiny import build_fixed_length_tokenizer
+
+    tok = build_fixed_length_tokenizer(json.loads((SHAPES / "tiny.json").read_text())["vocab_size"])
+    model_dir = build_shape("tiny", tmp_path / "model", tok, "cpu")
+    spec = side_spec(
+        "tiny", model_dir, tok, "cpu", prompts=2, group=2, new_tokens=4, micro=2, steps=3
+    )
+    spec.update(side="rlvr", work_dir=str(tmp_path / "rlvr"), padded=False)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    cmd = [sys.executable, "-m", "benchmarks.gpu.worker", "rlvr"]
+    cmd += [str(tmp_path / "spec.json"), str(tmp_path / "result.json")]
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    records = json.loads((tmp_path / "result.json").read_text())["records"]
+    assert [r["torch_seed"] for r in records] == [step_seed(0, k) for k in range(3)]
+    # and the prompts are the schedule's, step by step (the digests TRL's side is checked on)
+    want = [prompt_digest([row["prompt"] for row in step]) for step in spec["schedule"]]
+    assert [r["prompt_digest"] for r in records] == want
+
+
+def _bench_env(tmp_path: Path, **more: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), **more)
+    return env
+
+
+def test_a_side_that_hangs_still_leaves_the_other_sides_table_when_the_bench_is_killed(tmp_path):
+    """The tables are written after every side: the bench killed by its caller (run.sh's cap)
+    while a side hangs still leaves the sides before it; a side past its own timeout is a row."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "benchmarks.gpu.bench", "--dry", "--out", str(out)]
+    cmd += ["--sides", "rlvr,rlvr-padded", "--stem", "t", "--timeout", "600"]
+    env = _bench_env(tmp_path, RLVR_GPU_BENCH_FAIL="rlvr-padded:hang")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:  # wait for the hanging side, then kill the bench as `timeout` would
+        for line in proc.stdout:
+            if "[gpu-bench] tiny rlvr: step" in line:
+                break
+        else:
+            raise AssertionError("the rlvr side never finished")
+        hang_log = out / "work" / "tiny" / "rlvr-padded.log"
+        for _ in range(120):  # the padded side's worker is up and hanging
+            if hang_log.exists() and "(hang)" in hang_log.read_text():
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the hanging side never started")
+    finally:
+        proc.terminate()  # SIGTERM, as `timeout` sends
+        proc.wait(timeout=60)
+    # the hanging worker went with it (it would hold the GPU through the later stages)
+    time.sleep(1)
+    left = [
+        p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])
+    ]
+    for p in left:  # never leave one behind, even when the assertion fails
+        p.kill()
+    left = [p.pid for p in left]
+    assert left == [], f"workers left running: {left}"
+    report = json.loads((out / "t.json").read_text())
+    rlvr = report["shapes"]["tiny"]["sides"]["rlvr"]
+    assert rlvr["measured_steps"] == 1 and rlvr["step_time_median_s"] > 0
+    assert "| step time (s, median) | " in (out / "t.md").read_text()
+    # a side's own timeout: recorded as a row with its log's tail, and the call goes on
+    cmd[cmd.index("600")] = "10"
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((out / "t.json").read_text())
+    padded = report["shapes"]["tiny"]["sides"]["rlvr-padded"]
+    assert padded["failed"] == "the rlvr-padded worker ran out of time (10 s)"
+    assert "failure injected by RLVR_GPU_BENCH_FAIL (hang)" in padded["log_tail"]
+    assert "**rlvr-padded: the rlvr-padded worker ran out of time" in (out / "t.md").read_text()
+
+
+def test_the_rehearsal_of_the_whole_call(tmp_path):
+    """run.sh REHEARSE=1: the call's stages in order, each with its budget line, the files that
+    come back (at most 8), a failed side recorded in the tables, and the summary printed last."""
+    out = tmp_path / "out"
+    env = _bench_env(
+        tmp_path,
+        REHEARSE="1",
+        OUT=str(out),
+        PYTHON=sys.executable,
+        BENCH_ARGS="--sides rlvr,rlvr-padded",
+        RLVR_GPU_BENCH_FAIL="rlvr-padded",
+    )
+    res = subprocess.run(
+        ["bash", str(RUN_SH)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    text = res.stdout
+    assert res.returncode == 1, text[-3000:] + res.stderr[-3000:]  # a side failed
+    stem = next(out.glob("gpu-*-rehearsal.json")).stem
+    files = {p.name for p in out.iterdir()}
+    assert files == {"run.log", "env.txt", "gpu-tests.log", "bench.log", "worker-logs.tgz"} | {
+        f"{stem}.json",
+        f"{stem}.md",
+    }
+    assert len(files) <= 8 and all(p.is_file() for p in out.iterdir())
+    ends = [text.index(f"[run.sh] stage {s}: exit") for s in STAGES]
+    assert ends == sorted(ends)
+    summary = text.index("[run.sh] ===== summary")
+    assert summary > ends[-1]
+    tail = text[summary:]
+    for s in STAGES:  # every stage's budget line again in the summary
+        assert f"[run.sh] stage {s}: exit" in tail, s
+    assert "skipped" in tail  # the -m gpu counts (skipped without CUDA)
+    report = json.loads((out / f"{stem}.json").read_text())
+    assert list(report["shapes"]) == ["tiny", "tiny-b"]  # the second stage appended
+    for shape in report["shapes"].values():
+        assert shape["sides"]["rlvr"]["step_time_median_s"] > 0
+        assert "failure injected" in shape["sides"]["rlvr-padded"]["log_tail"]
+    md = (out / f"{stem}.md").read_text()
+    assert md.count("**rlvr-padded: the rlvr-padded worker failed (exit 3)**") == 2
+    # the tables are the last thing printed (what the call's reply shows)
+    assert tail.rstrip().splitlines()[-2].startswith("Ratios below 1")
+    assert (out / "run.log").read_text().endswith(text[summary:])
+
+
+def test_the_call_stops_when_rlvr_does_not_import(tmp_path):
+    """A Python without site-packages (-S: no torch, no pydantic): the env stage says STOP
+    and no later stage runs."""
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    py.chmod(0o755)
+    out = tmp_path / "out"
+    env = _bench_env(tmp_path, REHEARSE="1", OUT=str(out), PYTHON=str(py))
+    res = subprocess.run(
+        ["bash", str(RUN_SH)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 1, res.stdout[-3000:]
+    assert "[run.sh] STOP: rlvr does not import" in res.stdout
+    assert "[run.sh] stage env: exit 1" in res.stdout
+    assert "stage tests" not in res.stdout and "stage bench" not in res.stdout
+    assert {p.name for p in out.iterdir()} == {"run.log", "env.txt"}
+
+
+def test_the_workers_keep_the_callers_pythonpath(monkeypatch):
+    """run.sh puts the carried wheels on PYTHONPATH: the workers must still see them."""
+    from benchmarks.gpu.bench import worker_env
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/rlvr-site", "/elsewhere"]))
+    paths = worker_env()["PYTHONPATH"].split(os.pathsep)
+    assert paths == [str(ROOT), str(ROOT / "src"), "/tmp/rlvr-site", "/elsewhere"]
