@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -36,8 +37,22 @@ def test_fsdp2_with_nccl_and_a_dcp_checkpoint_resumed_bitwise(tmp_path):
     ]
     # deterministic cuBLAS: the step after the restore must be the original's bitwise
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # its own session: past the cap the whole job goes (torchrun and its rank), not torchrun alone
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the torchrun job ran past {TIMEOUT_S:.0f} s:\n{out[-3000:]}")
+    assert proc.returncode == 0, out[-6000:]
     r = json.loads((tmp_path / "result.json").read_text())
     # rlvr's group: NCCL for CUDA tensors and gloo for CPU ones (the checkpoint's flag is one)
     assert ("nccl" in r["backend"]) == (DEVICE == "cuda")
