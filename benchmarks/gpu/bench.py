@@ -34,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -317,9 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = a.sides.split(",")
     min_side = MIN_SIDE_S_DRY if dry else MIN_SIDE_S
     a.out.mkdir(parents=True, exist_ok=True)
-    work = a.work or (
-        a.out / "work" if dry else Path(os.environ.get("TMPDIR", "/tmp")) / "rlvr-gpu-bench"
-    )
+    # a fresh folder by default: an earlier run's run directories would stop rlvr's Trainer
+    work = a.work or (a.out / "work" if dry else Path(tempfile.mkdtemp(prefix="rlvr-gpu-bench-")))
     work.mkdir(parents=True, exist_ok=True)
     import transformers
 

@@ -30,7 +30,9 @@ SITE=${SITE:-/tmp/rlvr-site}
 REHEARSE=${REHEARSE:-0}
 TOTAL_S=${TOTAL_S:-570}
 RESERVE_S=20 # kept for the summary at the end
-WORK=${TMPDIR:-/tmp}/rlvr-gpu-bench
+# this call's own (a rerun on a warm machine must not meet an earlier call's run directories);
+# its worker logs come back in worker-logs.tgz, then it goes
+WORK=${TMPDIR:-/tmp}/rlvr-gpu-bench.$$
 start=$(date +%s)
 deadline=$((start + TOTAL_S))
 if [ "$REHEARSE" = 1 ]; then
@@ -197,6 +199,7 @@ except Exception as exc:
 
     (cd "$WORK" 2>/dev/null && find . -name '*.log' -o -name '*-result.json' |
         tar czf "$OUT/worker-logs.tgz" -T -) || true
+    rm -rf "$WORK"
     return "$failed"
 }
 

@@ -142,8 +142,14 @@ def test_a_side_that_hangs_still_leaves_the_other_sides_table_when_the_bench_is_
 
 def test_the_rehearsal_of_the_whole_call(tmp_path):
     """run.sh REHEARSE=1: the call's stages in order, each with its budget line, the files that
-    come back (at most 8), a failed side recorded in the tables, and the summary printed last."""
+    come back (at most 8), a failed side recorded in the tables, and the summary printed last.
+    An earlier call's work folder is there (a rerun on a warm machine): its run directories made
+    rlvr's Trainer refuse to start ("already holds a run"), losing rlvr's side of every shape."""
     out = tmp_path / "out"
+    for shape in ("tiny", "tiny-b"):
+        stale = tmp_path / "rlvr-gpu-bench" / shape / "rlvr" / "rlvr-run"
+        stale.mkdir(parents=True)
+        (stale / "metrics.jsonl").write_text('{"step": 1}\n')
     env = _bench_env(
         tmp_path,
         REHEARSE="1",
