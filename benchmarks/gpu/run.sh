@@ -8,16 +8,20 @@
 #
 # Stages, most valuable first, each capped (caps in seconds; the whole call TOTAL_S=570):
 #   1. env     (60)  what is installed, the carried wheels into $SITE (pip --target, never the
-#                    image's site-packages), rlvr from src/ on PYTHONPATH; STOPS the call here
+#                    image's site-packages; a package the image has in a serving version stays
+#                    out: benchmarks/gpu/wheels.py), rlvr from src/ on PYTHONPATH; STOPS the call here
 #                    when rlvr, torch, transformers or peft does not import
 #   2. tests   (150) `pytest -m gpu tests/gpu` without the FSDP test, verbose, as it goes
 #   3. bench   (150) the Qwen2.5-0.5B shape, rlvr then TRL; the tables written after each side
 #   4. fsdp    (120) the FSDP2/NCCL/DCP test alone (its torchrun job capped below, at cap - 20)
-#   5. bench   (rest) the Qwen2.5-1.5B shape, appended to the same tables, by a deadline
-#   6. summary       test counts, the budget line of every stage and the tables, printed LAST
+#   5. chunks  (60)  log-probs a chunk at a time against the full path and TRL's loss path at
+#                    2,048-token replies (benchmarks/studies/logprob_chunks.py --device cuda)
+#   6. bench   (rest) the Qwen2.5-1.5B shape, appended to the same tables, by a deadline
+#   7. summary       test counts, the budget line of every stage and the tables, printed LAST
 #                    (the call's reply shows the output's last 12,000 characters)
 # Files under $OUT (7 of the 8 that come back): run.log (everything), env.txt, gpu-tests.log,
-# bench.log, gpu-DATE.json, gpu-DATE.md (gpu-DATE-rehearsal.* when rehearsing), worker-logs.tgz.
+# bench.log, gpu-DATE.json, gpu-DATE.md (gpu-DATE-rehearsal.* when rehearsing), worker-logs.tgz (the
+# workers' logs and the log-probs study's JSON and table).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -26,7 +30,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-benchmarks/gpu/.wheels}
-SITE=${SITE:-/tmp/rlvr-site}
+SITE=${SITE:-${TMPDIR:-/tmp}/rlvr-site}
 REHEARSE=${REHEARSE:-0}
 TOTAL_S=${TOTAL_S:-570}
 RESERVE_S=20 # kept for the summary at the end
@@ -39,12 +43,15 @@ if [ "$REHEARSE" = 1 ]; then
     STEM=gpu-$(date -u +%F)-rehearsal
     BENCH=(--dry --steps 2)
     SHAPE_A=tiny SHAPE_B=tiny-b SIDE_TIMEOUT=120
+    CHUNKS=(--in-process --tokens 16,24 --rows 2 --chunk 8)
 else
     STEM=gpu-$(date -u +%F)
     BENCH=()
     SHAPE_A=qwen2.5-0.5b SHAPE_B=qwen2.5-1.5b SIDE_TIMEOUT=75
+    CHUNKS=(--device cuda --shape qwen2.5-0.5b --tokens 512,2048 --chunk 1024)
 fi
 BUDGET=${TMPDIR:-/tmp}/rlvr-gpu-budget.$$ # the stages' budget lines, printed again at the end
+CHUNKS_MD=${TMPDIR:-/tmp}/rlvr-gpu-chunks.$$.md # the log-probs table, printed again at the end
 : >"$BUDGET"
 
 elapsed() { echo $(($(date +%s) - start)); }
@@ -80,6 +87,11 @@ summary() {
     done
     cat "$BUDGET"
     rm -f "$BUDGET"
+    if [ -s "$CHUNKS_MD" ]; then
+        echo
+        cat "$CHUNKS_MD"
+    fi
+    rm -f "$CHUNKS_MD"
     if [ -f "$OUT/$STEM.md" ]; then
         echo
         cat "$OUT/$STEM.md"
@@ -94,7 +106,7 @@ main() {
 
     stage env "$(cap 60)"
     {
-        "$PY" - <<'EOF'
+        capped "$(cap 30)" "$PY" - <<'EOF'
 import importlib.metadata as md
 import sys
 
@@ -105,8 +117,8 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
 for name in ("transformers", "peft", "accelerate", "trl", "datasets", "pydantic", "math-verify",
-             "gguf", "safetensors", "tokenizers", "pyarrow", "typing_extensions", "huggingface-hub",
-             "pytest", "rlvr"):
+             "gguf", "safetensors", "tokenizers", "pyarrow", "fsspec", "typing_extensions",
+             "huggingface-hub", "pytest", "packaging", "rlvr"):
     try:
         print(name, md.version(name))
     except md.PackageNotFoundError:
@@ -115,20 +127,12 @@ EOF
         command -v nvidia-smi >/dev/null &&
             nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
         if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
-            old_peft=$("$PY" -c "
-import importlib.metadata as md
-from packaging.version import Version
-try:
-    print(int(Version(md.version('peft')) < Version('0.18')))
-except md.PackageNotFoundError:
-    print(1)")
-            wheels=()
-            for w in "$WHEELS"/*.whl; do
-                case "$(basename "$w")" in
-                    peft-*) [ "$old_peft" = 1 ] && wheels+=("$w") ;;
-                    *) wheels+=("$w") ;;
-                esac
-            done
+            # a wheel of a package the image has in a serving version stays out (wheels.py)
+            mapfile -t wheels < <(capped "$(cap 20)" "$PY" -m benchmarks.gpu.wheels "$WHEELS")
+            if [ "${#wheels[@]}" = 0 ]; then
+                echo "[run.sh] benchmarks.gpu.wheels chose nothing (above): installing them all"
+                wheels=("$WHEELS"/*.whl)
+            fi
             echo "[run.sh] installing ${#wheels[@]} wheels into $SITE (pip --target)"
             rm -rf "$SITE"
             capped "$(cap 45)" "$PY" -m pip install -q --no-index --no-deps --no-compile \
@@ -141,7 +145,7 @@ except md.PackageNotFoundError:
     # rlvr from the checkout's src/, the carried wheels after it, the caller's PYTHONPATH last
     export PYTHONPATH="$ROOT:$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
     echo "[run.sh] PYTHONPATH=$PYTHONPATH" | tee -a "$OUT/env.txt"
-    "$PY" -c "
+    capped "$(cap 30)" "$PY" -c "
 import peft, torch, transformers
 import rlvr, rlvr.training.trainer
 assert rlvr.__file__.startswith('$ROOT/src/'), rlvr.__file__
@@ -155,7 +159,7 @@ print('[run.sh] rlvr imports from', rlvr.__file__, '; peft', peft.__version__,
         stage_end "$rc"
         return 1
     fi
-    "$PY" -c "
+    capped "$(cap 30)" "$PY" -c "
 try:
     import datasets, trl
     print('[run.sh] TRL', trl.__version__, 'imports')
@@ -189,6 +193,16 @@ except Exception as exc:
     stage_end "$rc"
     [ "$rc" = 0 ] || failed=1
 
+    stage chunks "$(cap 60)"
+    # the log-probs without the full logits against the full path and TRL's loss path, 2,048-token
+    # replies, Qwen's vocabulary: peaks by max_memory_allocated, the numbers compared
+    capped "$stage_cap" "$PY" -m benchmarks.studies.logprob_chunks "${CHUNKS[@]}" \
+        --out "$WORK/chunks" 2>&1 | tee -a "$OUT/bench.log"
+    rc=${PIPESTATUS[0]}
+    cat "$WORK"/chunks/*.md >"$CHUNKS_MD" 2>/dev/null
+    stage_end "$rc"
+    [ "$rc" = 0 ] || failed=1
+
     stage "bench-$SHAPE_B" "$(cap 600)"
     capped $((stage_cap + 15)) "$PY" -m benchmarks.gpu.bench "${BENCH[@]}" --out "$OUT" \
         --stem "$STEM" --work "$WORK" --shapes "$SHAPE_B" --timeout 240 --append \
@@ -197,7 +211,7 @@ except Exception as exc:
     stage_end "$rc"
     [ "$rc" = 0 ] || failed=1
 
-    (cd "$WORK" 2>/dev/null && find . -name '*.log' -o -name '*-result.json' |
+    (cd "$WORK" 2>/dev/null && find . -name '*.log' -o -name '*-result.json' -o -path './chunks/*' |
         tar czf "$OUT/worker-logs.tgz" -T -) || true
     rm -rf "$WORK"
     return "$failed"

@@ -180,6 +180,10 @@ def build_trainer(spec: dict, gate: Gate):
         def on_optimizer_step(self, args, state, control, **kwargs):
             tr = self.trainer
             if tr._bench_scored_at is not None:  # forward/backward of every micro-batch + step
+                if torch.cuda.is_available() and str(spec.get("device", "cpu")).startswith("cuda"):
+                    # the optimizer step's kernels are still queued: the same clock as rlvr's
+                    # time_update, which waits for them (training/step.py)
+                    torch.cuda.synchronize()
                 tr.bench["update"] = time.perf_counter() - tr._bench_scored_at
             return control
 

@@ -21,7 +21,13 @@ gradient, ``entropy_from_logits`` (128-row chunks); ``trl/trainer/grpo_trainer.p
 run at that length: its peak is extrapolated from the shorter lengths (linear in T, as its
 logits term is) and marked so.
 
-Writes ``<out>/<date>-logprob-chunks.{json,md}``.
+On a GPU (``--device cuda``) every (side, length) runs in one process, the sides alternating per
+length: peak memory is ``torch.cuda.max_memory_allocated`` after a reset just before the update
+(exact per update, unlike a process's RSS), times are synchronised, and each side's log-probs and
+LM-head gradient are compared with the full path's (the same model and batch: the three paths
+compute the same numbers, so a difference beyond rounding is a bug).
+
+Writes ``<out>/<date>-logprob-chunks[-SHAPE][-cuda].{json,md}``.
 """
 
 from __future__ import annotations
@@ -118,23 +124,26 @@ def trl_logps(model, input_ids, attention_mask, completion_ids, temperature: flo
     return logps, entropies
 
 
-def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: str) -> dict:
+def make_batch(tokens: int, rows: int, device: str = "cpu"):
+    """One prompt repeated ``rows`` times, random replies of ``tokens`` tokens, advantages."""
     import torch
 
-    from rlvr.algorithms import policy_loss
-    from rlvr.model.forward import build_sequence_batch, policy_outputs
+    from rlvr.model.forward import build_sequence_batch
 
-    torch.set_num_threads(threads)
-    model = build_model(shape=shape)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(10, VOCAB, (PROMPT,), generator=g).tolist()
     comps = [torch.randint(10, VOCAB, (tokens,), generator=g).tolist() for _ in range(rows)]
     sb = build_sequence_batch([prompt] * rows, comps, pad_id=0)
-    adv = torch.randn(rows, generator=g)
-    mask = sb.completion_mask
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to now
-    before = _status_kib("VmRSS")
-    cpu0 = _cpu_seconds()
+    return sb.to(device), torch.randn(rows, generator=g).to(device)
+
+
+def update_once(model, side: str, sb, adv, tokens: int, chunk: int):
+    """One side's update of the micro-batch: log-probs (and entropies, as each side's update
+    computes them), the Dr.GRPO clipped loss, backward. Returns (loss, log-probs, seconds to the
+    log-probs)."""
+    from rlvr.algorithms import policy_loss
+    from rlvr.model.forward import policy_outputs
+
     t0 = time.perf_counter()
     if side == "trl":
         logp, _ = trl_logps(model, sb.input_ids, sb.attention_mask, sb.completion_ids, 1.0)
@@ -148,11 +157,25 @@ def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: st
         logp,
         logp.detach(),
         adv,
-        mask,
+        sb.completion_mask,
         agg_mode="seq_mean_token_sum_norm",
         max_len=tokens,
     )
     loss.backward()
+    return loss, logp.detach(), t_fwd
+
+
+def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: str) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    model = build_model(shape=shape)
+    sb, adv = make_batch(tokens, rows)
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak RSS (VmHWM) to now
+    before = _status_kib("VmRSS")
+    cpu0 = _cpu_seconds()
+    t0 = time.perf_counter()
+    loss, _, t_fwd = update_once(model, side, sb, adv, tokens, chunk)
     total = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     return {
@@ -169,6 +192,62 @@ def child(side: str, tokens: int, chunk: int, threads: int, rows: int, shape: st
         "update_added_mib": (_status_kib("VmHWM") - before) / 1024,
         "loss": float(loss.detach()),
     }
+
+
+def on_device(device: str, sides: list[str], lengths: list[int], chunk: int, rows: int, shape: str):
+    """Every (side, length) in this process on ``device``, one update each, the sides
+    alternating per length; yields each row as it is measured. The peak is
+    ``max_memory_allocated`` after a reset just before the update ('added' = peak minus what
+    was allocated then: the model and the batch); each side's log-probs and LM-head gradient
+    against the full path's at the same length (or the first side's, without a full side)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    model = build_model(shape=shape).to(device)
+    head = model.get_output_embeddings().weight
+    for tokens in lengths:
+        sb, adv = make_batch(tokens, rows, device)
+        ref: dict = {}
+        for side in sorted(sides, key=lambda s: s != "full"):  # the reference first
+            model.zero_grad(set_to_none=True)
+            sync()
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device) if cuda else 0
+            t0 = time.perf_counter()
+            loss, logp, t_fwd = update_once(model, side, sb, adv, tokens, chunk)
+            sync()
+            seconds = time.perf_counter() - t0
+            peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+            grad = head.grad.detach().float()
+            if not ref:
+                ref = {"side": side, "logp": logp.float(), "grad": grad}
+            yield {
+                "side": side,
+                "tokens": tokens,
+                "rows": rows,
+                "shape": shape,
+                "device": device,
+                "chunk": chunk if side == "chunked" else 0,
+                "seconds": seconds,
+                "forward_seconds": t_fwd,
+                "cpu_seconds": seconds,  # the report's columns: no separate CPU time here
+                "peak_rss_mib": peak / 2**20,  # the device's peak, in the report's column
+                "update_added_mib": (peak - before) / 2**20,
+                "loss": float(loss.detach()),
+                "compared_with": ref["side"],
+                "logp_max_abs_diff": float((logp.float() - ref["logp"]).abs().max()),
+                "head_grad_rel_diff": float(
+                    (grad - ref["grad"]).norm() / ref["grad"].norm().clamp_min(1e-30)
+                ),
+            }
+            del loss, logp, grad
 
 
 MEASURED = ("seconds", "forward_seconds", "cpu_seconds", "peak_rss_mib", "update_added_mib")
@@ -219,6 +298,8 @@ def extrapolate(rows: list[dict], tokens: int) -> dict | None:
 
 
 def render(payload: dict) -> str:
+    if payload.get("device", "cpu") != "cpu":  # the single-process mode
+        return render_device(payload)
     lines = [
         f"# Log-probs without the full logits ({payload['date']})",
         "",
@@ -255,6 +336,34 @@ def render(payload: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_device(payload: dict) -> str:
+    lines = [
+        f"# Log-probs without the full logits on {payload['device']} ({payload['date']})",
+        "",
+        f"{payload['machine']}; torch {payload['torch']}. One update of "
+        f"{payload['rows_per_batch']} replies x T tokens (+{PROMPT}-token prompt), Qwen2-shaped "
+        f"model '{payload['shape']}' ({_shape_text(payload['shape'])}, vocab {VOCAB}, float32, "
+        f"random weights), all in one process; chunked: algo.logprob_chunk_tokens="
+        f"{payload['chunk']}. Peak = torch.cuda.max_memory_allocated after a reset just before "
+        "the update; 'added' = peak minus what the model and the batch held then. Differences "
+        "against the full path on the same model and batch: the largest |log-prob| difference "
+        "and the LM-head gradient's relative difference (norm of the difference / norm).",
+        "",
+        "| T | side | peak MiB | added MiB | seconds | peak / TRL | added / TRL | time / full "
+        "| max logp diff | head grad rel diff |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in payload["rows"]:
+        added = r.get("added_vs_trl") or ""
+        lines.append(
+            f"| {r['tokens']} | {r['side']} | {r['peak_rss_mib']:.0f} | "
+            f"{r['update_added_mib']:.0f} | {r['seconds']:.3f} | {r.get('peak_vs_trl') or ''} | "
+            f"{added} | {r.get('time_vs_full') or ''} | {r.get('logp_max_abs_diff', 0):.2e} | "
+            f"{r.get('head_grad_rel_diff', 0):.2e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def _shape_text(shape: str) -> str:
     c = SHAPES[shape]
     tied = "tied head" if c["tie_word_embeddings"] else "untied head"
@@ -273,6 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="toy", help="the model's shape")
     p.add_argument("--sides", default=",".join(SIDES), help=f"which of {','.join(SIDES)} to run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu: a process per (side, length), peaks by RSS; cuda: one process, peaks by "
+        "torch.cuda.max_memory_allocated, every side's numbers compared with the full path's",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="the cuda mode's single process on any device (on the CPU: the GPU call's rehearsal)",
+    )
     args = p.parse_args(argv)
     if args.child:
         r = child(args.child, int(args.tokens), args.chunk, args.threads, args.rows, args.shape)
@@ -288,7 +408,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     t0 = time.perf_counter()
     runs: list[dict] = []
+    gpu = args.device != "cpu" or args.in_process  # one process, the device's own counters
     for _ in range(args.repeats):  # rounds: each side once per length, alternating, per round
+        if gpu:
+            for r in on_device(args.device, sides, lengths, args.chunk, args.rows, args.shape):
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+            continue
         for tokens in lengths:
             for side in sides:
                 if side != "chunked" and tokens > args.max_full_tokens:
@@ -300,19 +426,24 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(median_row([r for r in runs if (r["side"], r["tokens"]) == key]))
     for tokens in lengths:
         for side in ("full", "trl"):
-            if tokens > args.max_full_tokens:
+            if tokens > args.max_full_tokens and not gpu:
                 est = extrapolate([r for r in rows if r["side"] == side], tokens)
                 if est:
                     rows.append(est)
     by = {(r["side"], r["tokens"]): r for r in rows}
+
+    def ratio(a: float, b: float) -> float | None:  # None: no measure (the CPU in process)
+        return round(a / b, 3) if b else None
+
     for r in rows:
         trl, full = by.get(("trl", r["tokens"])), by.get(("full", r["tokens"]))
         if trl:
-            r["peak_vs_trl"] = round(r["peak_rss_mib"] / trl["peak_rss_mib"], 3)
+            r["peak_vs_trl"] = ratio(r["peak_rss_mib"], trl["peak_rss_mib"])
+            r["added_vs_trl"] = ratio(r["update_added_mib"], trl["update_added_mib"])
         if full:
-            r["peak_vs_full"] = round(r["peak_rss_mib"] / full["peak_rss_mib"], 3)
-            r["time_vs_full"] = round(r["seconds"] / full["seconds"], 3)
-            r["cpu_vs_full"] = round(r["cpu_seconds"] / full["cpu_seconds"], 3)
+            r["peak_vs_full"] = ratio(r["peak_rss_mib"], full["peak_rss_mib"])
+            r["time_vs_full"] = ratio(r["seconds"], full["seconds"])
+            r["cpu_vs_full"] = ratio(r["cpu_seconds"], full["cpu_seconds"])
     rows.sort(key=lambda r: (r["tokens"], SIDES.index(r["side"])))
     try:
         cpu = next(
@@ -322,9 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     except StopIteration:
         cpu = platform.processor()
+    if args.device.startswith("cuda"):
+        cpu = f"{torch.cuda.get_device_name(args.device)} (host: {cpu})"
     payload = {
         "date": dt.date.today().isoformat(),
         "machine": cpu,
+        "device": args.device if not gpu else f"{args.device} (in process)",
         "torch": torch.__version__,
         "threads": args.threads,
         "chunk": args.chunk,
@@ -341,7 +475,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.studies.logprob_chunks " + " ".join(argv or sys.argv[1:]),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if args.shape == "toy" else f"-{args.shape}"
+    suffix = ("" if args.shape == "toy" else f"-{args.shape}") + (
+        f"-{args.device.replace(':', '')}" if gpu else ""
+    )
     stem = args.out / f"{payload['date']}-logprob-chunks{suffix}"
     # the stem may hold dots (qwen2.5-0.5b): append, never with_suffix
     stem.parent.joinpath(stem.name + ".json").write_text(json.dumps(payload, indent=2) + "\n")

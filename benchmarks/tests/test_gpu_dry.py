@@ -8,7 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -18,7 +21,7 @@ from benchmarks.harness.workloads import prompt_digest
 ROOT = Path(__file__).resolve().parents[2]
 SHAPES = ROOT / "benchmarks" / "gpu" / "shapes"
 RUN_SH = ROOT / "benchmarks" / "gpu" / "run.sh"
-STAGES = ("env", "tests", "bench-tiny", "fsdp", "bench-tiny-b")
+STAGES = ("env", "tests", "bench-tiny", "fsdp", "chunks", "bench-tiny-b")
 
 
 def test_the_dry_mode_runs_both_sides_and_writes_its_tables(tmp_path):
@@ -150,11 +153,20 @@ def test_the_rehearsal_of_the_whole_call(tmp_path):
         stale = tmp_path / "rlvr-gpu-bench" / shape / "rlvr" / "rlvr-run"
         stale.mkdir(parents=True)
         (stale / "metrics.jsonl").write_text('{"step": 1}\n')
+    # carried wheels: one the image lacks, and a broken typing-extensions of the version the
+    # image already has (pydantic-core needs 4.16.0 or later): installed, it would shadow the
+    # image's and rlvr (pydantic) would not import
+    wheels = tmp_path / "wheels"
+    _wheel(wheels, "rlvr_probe", "1.0", "MARK = 'carried'\n")
+    have = metadata.version("typing_extensions")
+    assert _version(have) >= (4, 16, 0), have
+    _wheel(wheels, "typing_extensions", have, "raise ImportError('the carried wheel shadowed')\n")
     env = _bench_env(
         tmp_path,
         REHEARSE="1",
         OUT=str(out),
         PYTHON=sys.executable,
+        WHEELS=str(wheels),
         BENCH_ARGS="--sides rlvr,rlvr-padded",
         RLVR_GPU_BENCH_FAIL="rlvr-padded",
     )
@@ -163,6 +175,11 @@ def test_the_rehearsal_of_the_whole_call(tmp_path):
     )
     text = res.stdout
     assert res.returncode == 1, text[-3000:] + res.stderr[-3000:]  # a side failed
+    env_txt = (out / "env.txt").read_text()
+    assert "installing 1 wheels into" in env_txt, env_txt
+    assert f"not installed: typing-extensions {have}: the image's {have}" in env_txt
+    site = tmp_path / "rlvr-site"
+    assert (site / "rlvr_probe.py").is_file() and not (site / "typing_extensions.py").exists()
     stem = next(out.glob("gpu-*-rehearsal.json")).stem
     files = {p.name for p in out.iterdir()}
     assert files == {"run.log", "env.txt", "gpu-tests.log", "bench.log", "worker-logs.tgz"} | {
@@ -178,6 +195,13 @@ def test_the_rehearsal_of_the_whole_call(tmp_path):
     for s in STAGES:  # every stage's budget line again in the summary
         assert f"[run.sh] stage {s}: exit" in tail, s
     assert "skipped" in tail  # the -m gpu counts (skipped without CUDA)
+    # the log-probs study's table in the summary (its rows: 2 lengths x 3 sides), its JSON in
+    # the worker logs' archive
+    chunks = tail[tail.index("# Log-probs without the full logits") :]
+    assert chunks.count("\n| 24 | ") == 3 and "head grad rel diff" in chunks
+    with tarfile.open(out / "worker-logs.tgz") as tar:
+        names = tar.getnames()
+    assert any(n.startswith("./chunks/") and n.endswith("-logprob-chunks-cpu.json") for n in names)
     report = json.loads((out / f"{stem}.json").read_text())
     assert list(report["shapes"]) == ["tiny", "tiny-b"]  # the second stage appended
     for shape in report["shapes"].values():
@@ -215,3 +239,48 @@ def test_the_workers_keep_the_callers_pythonpath(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/tmp/rlvr-site", "/elsewhere"]))
     paths = worker_env()["PYTHONPATH"].split(os.pathsep)
     assert paths == [str(ROOT), str(ROOT / "src"), "/tmp/rlvr-site", "/elsewhere"]
+
+
+def test_a_carried_wheel_of_a_package_the_image_serves_stays_out(tmp_path):
+    """typing-extensions and peft go in only where the image's version is missing or below the
+    floor; every other carried wheel goes in whatever the image has."""
+    from benchmarks.gpu.wheels import to_install
+
+    names = ["typing_extensions-4.16.0-py3-none-any.whl", "peft-0.21.2-py3-none-any.whl"]
+    names += ["pydantic-2.14.4-py3-none-any.whl", "trl-1.16.0-py3-none-any.whl"]
+    wheels = [tmp_path / n for n in names]
+
+    def image(versions):
+        return lambda name: versions.get(name.replace("_", "-"))
+
+    chosen, skipped = to_install(wheels, image({"typing-extensions": "4.16.1", "peft": "0.18.0"}))
+    assert [w.name for w in chosen] == sorted(names[2:])
+    assert skipped == [
+        "peft 0.21.2: the image's 0.18.0 is at least 0.18",
+        "typing-extensions 4.16.0: the image's 4.16.1 is at least 4.16.0",
+    ]
+    # an older image: both go in; an image without them: both go in; the others always do
+    for versions in ({"typing-extensions": "4.15.0", "peft": "0.17.1", "trl": "9.0"}, {}):
+        chosen, skipped = to_install(wheels, image(versions))
+        assert sorted(w.name for w in chosen) == sorted(names) and skipped == []
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".")[:3])
+
+
+def _wheel(folder: Path, name: str, version: str, source: str) -> Path:
+    """A pure-Python wheel holding one module, as pip installs it with --target."""
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{f},,\n" for f in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in {**files, f"{info}/RECORD": record}.items():
+            z.writestr(f, text)
+    return path

@@ -62,3 +62,38 @@ def test_repeated_runs_become_their_medians():
     assert (out["update_added_mib"], out["peak_rss_mib"], out["seconds"]) == (200, 800, 20)
     assert out["cpu_seconds"] == 40 and out["forward_seconds"] == 20
     assert out["repeats"] == 3 and out["side"] == "full" and out["tokens"] == 512
+
+
+def test_the_single_process_mode_compares_every_side_with_the_full_path(tmp_path):
+    """The GPU call's mode, run on the CPU: the three paths on one model and batch give the
+    same log-probs and LM-head gradient (the chunked path recomputes the head's logits a chunk
+    at a time; TRL's gathers then takes a logsumexp per row), each row says against what, and
+    the report has a row per (length, side) with the differences."""
+    import json
+
+    from benchmarks.studies.logprob_chunks import main
+
+    main(
+        ["--in-process", "--tokens", "16,24", "--rows", "2", "--chunk", "8", "--out", str(tmp_path)]
+    )
+    payload = json.loads(next(tmp_path.glob("*-logprob-chunks-cpu.json")).read_text())
+    rows = payload["rows"]
+    assert [(r["tokens"], r["side"]) for r in rows] == [
+        (t, s) for t in (16, 24) for s in ("chunked", "full", "trl")
+    ]
+    for r in rows:
+        assert r["compared_with"] == "full"
+        assert r["logp_max_abs_diff"] < 1e-4, r
+        assert r["head_grad_rel_diff"] < 1e-4, r
+        if r["side"] == "full":
+            assert r["logp_max_abs_diff"] == 0.0 and r["head_grad_rel_diff"] == 0.0
+    # the Dr.GRPO surrogate at ratio 1, every token kept: sum(-adv_i x T) / (rows x T) = -mean(adv)
+    from benchmarks.studies.logprob_chunks import make_batch
+
+    for tokens in (16, 24):
+        want = -float(make_batch(tokens, 2)[1].mean())
+        for r in rows:
+            if r["tokens"] == tokens:
+                assert r["loss"] == pytest.approx(want, rel=1e-5), r
+    md = next(tmp_path.glob("*-logprob-chunks-cpu.md")).read_text()
+    assert md.count("\n| 24 | ") == 3 and "max logp diff" in md

@@ -35,8 +35,10 @@ def test_fsdp2_with_nccl_and_a_dcp_checkpoint_resumed_bitwise(tmp_path):
         str(tmp_path),
         DEVICE,
     ]
-    # deterministic cuBLAS: the step after the restore must be the original's bitwise
+    # deterministic cuBLAS: the step after the restore must be the original's bitwise; NCCL's
+    # warnings in the output: a failing communicator says why there, and the call is one chance
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env.setdefault("NCCL_DEBUG", "WARN")
     # its own session: past the cap the whole job goes (torchrun and its rank), not torchrun alone
     proc = subprocess.Popen(
         cmd,

@@ -4,6 +4,7 @@ the GPU, every metric is finite, and repeated passes over the step's batch lower
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -55,3 +56,34 @@ def test_a_bf16_step_trains_on_the_gpu_and_lowers_the_loss(objective, tiny_model
     assert metrics["nonfinite_skipped"] == 0.0
     assert metrics["grad_norm"] > 0
     assert metrics["optimizer_steps"] == 4.0
+
+
+def test_the_update_time_waits_for_the_optimizer_steps_kernels(tiny_model_dir, tmp_path):
+    """CUDA runs asynchronously: a phase clock read as soon as the optimizer step is queued
+    leaves its kernels to the next phase. A GPU-side sleep of about 0.5 s queued after every
+    optimizer step must count in ``time_update`` (the benchmark's update MFU divides by it)."""
+    torch.manual_seed(0)
+    trainer = Trainer(
+        cuda_config(tiny_model_dir, tmp_path, "algo.group_size=4", "algo.prompts_per_step=2")
+    )
+    # torch.cuda._sleep spins for a number of GPU cycles: cycles for 0.5 s, calibrated here
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    torch.cuda._sleep(10**8)
+    torch.cuda.synchronize()
+    cycles = int(10**8 * 0.5 / (time.perf_counter() - t))
+    opt = trainer.state.optimizer
+    step = opt.step
+
+    def step_then_sleep(*args, **kwargs):
+        out = step(*args, **kwargs)
+        torch.cuda._sleep(cycles)
+        return out
+
+    try:
+        opt.step = step_then_sleep
+        metrics = trainer.train_step()
+    finally:
+        trainer.run.close()
+    assert metrics["optimizer_steps"] == 1.0
+    assert metrics["time_update"] >= 0.45, metrics["time_update"]

@@ -93,9 +93,13 @@ class Step:
         times: dict[str, float] = {}
         t_step = time.perf_counter()
 
+        cuda = self.run.device.type == "cuda"
+
         def timed(name: str, fn, *args):
             t = time.perf_counter()
             out = fn(*args)
+            if cuda:  # kernels still queued (the optimizer step's) belong to this phase
+                torch.cuda.synchronize(self.run.device)
             times[name] = times.get(name, 0.0) + time.perf_counter() - t
             if self.on_phase is not None:
                 self.on_phase(name)
