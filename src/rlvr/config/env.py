@@ -71,6 +71,12 @@ class EnvConfig(Section):
         "floods the context).",
     )
 
+    def agent_kind(self) -> str | None:
+        """``agent`` or ``verifiers`` when ``name`` runs an agent through the endpoint (it
+        writes its own requests and its reward scores the episode), else None."""
+        kind, sep, _ = (self.name or "").partition(":")
+        return kind if sep and kind in (AGENT, VERIFIERS) else None
+
 
 def with_task_defaults(data: Any) -> Any:
     """The raw config mapping ``data`` (before validation) with its task's ``TASK_DEFAULTS``

@@ -38,6 +38,14 @@ def reward_line(cfg: Config) -> str:
     their weights, or the task's own grader and how to use yours."""
     specs = reward_specs(cfg)
     text = " + ".join(s.name if s.weight == 1 else f"{s.weight:g} x {s.name}" for s in specs)
+    kind = cfg.env.agent_kind()
+    if kind is not None:  # rlvr.rollout.episodes.episode_scores: the agent's reward replaces them
+        own = (
+            f"the agent's own (env.name={cfg.env.name} returns it)"
+            if kind == "agent"
+            else f"the verifiers environment's rubric (env.name={cfg.env.name})"
+        )
+        return own + (f"; logged beside, not scored: {text}" if text else "")
     if cfg.reward.specs:
         return text
     return (

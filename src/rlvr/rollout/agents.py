@@ -31,13 +31,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from rlvr.config.env import AGENT, VERIFIERS
 from rlvr.data.verifiers_rows import load_environment
 from rlvr.envs.contain import Outcome, call_all
 from rlvr.rewards.sandbox import resolve_target
 from rlvr.rollout.base import Completion, EpisodeInfo, SamplingParams
 from rlvr.rollout.endpoint import Endpoint, EndpointLimits, EpisodeLog
-
-AGENT, VERIFIERS = "agent", "verifiers"
 
 
 def is_agent_env(name: str | None) -> bool:

@@ -244,3 +244,37 @@ def test_the_dry_run_names_the_reward_a_data_file_is_graded_with(
     both = "reward.specs=[{name: math}, {name: countdown, weight: 0.5}]"
     assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}", both)) == 0
     assert "reward: math + 0.5 x countdown\n" in capsys.readouterr().out
+
+
+def test_the_dry_run_says_an_agent_scores_its_own_episodes(
+    tiny_model_dir: Path, tmp_path: Path, no_weights: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With env.name=agent:..., the episode's reward is what the agent returns (the reward specs
+    are only logged beside) and the agent writes its own requests from the row: the dry run
+    said "reward: math (data.task=file's grader ...)" and showed the template's rendering as the
+    prompt the run sends."""
+    pytest.importorskip("openai")
+    from rlvr.cli.main import main
+
+    rows = _write_rows(tmp_path / "train.jsonl", ["What is 2+2?"])
+    argv = _dry(
+        tiny_model_dir,
+        tmp_path,
+        f"data.train_path={rows}",
+        "env.name=agent:user_agents:three_turn_agent",
+        "rollout.max_turns=3",
+    )
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        "reward: the agent's own (env.name=agent:user_agents:three_turn_agent returns it); "
+        "logged beside, not scored: math\n" in out
+    ), out
+    assert (
+        "example prompt (12 tokens; data.template's rendering of the row, which the agent "
+        "receives whole with its fields answer, prompt: it writes its own requests):\n"
+        "  | What is 2+2?\n" in out
+    ), out
+    # a plain run keeps the plain label
+    assert main(_dry(tiny_model_dir, tmp_path, f"data.train_path={rows}")) == 0
+    assert "example prompt (12 tokens):\n" in capsys.readouterr().out

@@ -55,6 +55,7 @@ class Plan:
     problems: list[str] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
     reward_checks: list[str] = field(default_factory=list)  # what each own reward did on row 1
+    example_fields: list[str] = field(default_factory=list)  # the first train row's fields
 
     @property
     def ok(self) -> bool:
@@ -232,6 +233,7 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False
         tokens_per_step_max=sequences * (d.max_prompt_tokens + cfg.rollout.max_new_tokens),
         epochs=t.max_steps * a.prompts_per_step / len(train) if train else None,
         example_prompt=example,
+        example_fields=sorted(k for k in train[0] if not k.startswith("_")) if train else [],
         example_tokens=example_tokens,
         longest_prompt_tokens=longest,
         schedule_text=format_preflight(res),
@@ -239,6 +241,17 @@ def make_plan(cfg: Config, *, max_token_rows: int = 1000, resuming: bool = False
         problems=problems,
         unchecked=unchecked,
         reward_checks=checks,
+    )
+
+
+def _agent_note(cfg: Config, plan: Plan) -> str:
+    """What the example is for an agent env.name: not a request the run sends."""
+    if cfg.env.agent_kind() is None:
+        return ""
+    fields = ", ".join(plan.example_fields)
+    return (
+        "; data.template's rendering of the row, which the agent receives whole with its "
+        f"fields {fields}: it writes its own requests"
     )
 
 
@@ -254,7 +267,7 @@ def format_plan(cfg: Config, plan: Plan) -> str:
         *(f"inferred: {note}" for note in cfg.inferred().values()),
         f"train rows: {plan.train_rows}; eval rows: {plan.eval_rows}"
         + (" (data not read)" if plan.train_rows == 0 else ""),
-        f"example prompt ({tokens}):",
+        f"example prompt ({tokens}{_agent_note(cfg, plan)}):",
         *("  | " + line for line in plan.example_prompt.splitlines() or [""]),
     ]
     if plan.longest_prompt_tokens is not None:
