@@ -315,3 +315,33 @@ def test_the_sweep_judges_only_its_own_namespaces_groups_and_never_pid_0(tmp_pat
     finally:
         program.send_signal(signal.SIGKILL)
         program.wait()
+
+
+@pytest.mark.parametrize(
+    "module, make",
+    [
+        ("rlvr.sandbox.landlock", lambda m: m.LandlockSandbox()),
+        ("rlvr.sandbox.bwrap", lambda m: m.BwrapSandbox()),
+        ("rlvr.rewards.sandbox", lambda m: m.SandboxWorker()),
+    ],
+)
+def test_a_finalizer_at_interpreter_exit_needs_no_module_globals(module, make, monkeypatch):
+    """At interpreter exit a module's globals may already be None when an object's ``__del__``
+    runs: a test run printed "AttributeError: 'NoneType' object has no attribute 'suppress'"
+    from landlock's ``__del__`` (``contextlib.suppress``). The state reproduced: the module's
+    globals that ``__del__`` and ``close`` use set to None, then the finalizer called."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    try:
+        obj = make(mod)
+    except (RuntimeError, SandboxUnavailable, OSError) as exc:
+        pytest.skip(f"{module} does not run here: {exc}")
+    try:
+        for name in ("contextlib", "shutil", "os", "signal"):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, None)
+        obj.__del__()  # raised AttributeError on the old code
+    finally:
+        monkeypatch.undo()
+        obj.close()

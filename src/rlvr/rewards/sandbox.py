@@ -166,8 +166,11 @@ class SandboxWorker:
     close = kill
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter shutdown anything may be gone
+        # at interpreter exit module globals (contextlib, shutil) may already be None
+        try:  # noqa: SIM105
             self.kill()
+        except Exception:
+            pass
 
     # -- non-blocking pieces ----------------------------------------------------------
 

@@ -131,8 +131,11 @@ class LandlockSandbox:
         shutil.rmtree(self.home, ignore_errors=True)
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # at interpreter exit module globals (contextlib, shutil) may already be None
+        try:  # noqa: SIM105
             self.close()
+        except Exception:
+            pass
 
     @classmethod
     def probe(cls) -> str | None:
