@@ -27,7 +27,8 @@ length: peak memory is ``torch.cuda.max_memory_allocated`` after a reset just be
 LM-head gradient are compared with the full path's (the same model and batch: the three paths
 compute the same numbers, so a difference beyond rounding is a bug).
 
-Writes ``<out>/<date>-logprob-chunks[-SHAPE][-cuda].{json,md}``.
+Writes ``<out>/<date>-logprob-chunks[-SHAPE][-DEVICE].{json,md}`` (DEVICE: the single-process mode's
+``--device``, e.g. ``cuda``).
 """
 
 from __future__ import annotations
