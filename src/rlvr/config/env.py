@@ -74,8 +74,13 @@ class EnvConfig(Section):
     def agent_kind(self) -> str | None:
         """``agent`` or ``verifiers`` when ``name`` runs an agent through the endpoint (it
         writes its own requests and its reward scores the episode), else None."""
-        kind, sep, _ = (self.name or "").partition(":")
-        return kind if sep and kind in (AGENT, VERIFIERS) else None
+        return agent_kind(self.name)
+
+
+def agent_kind(name: str | None) -> str | None:
+    """``EnvConfig.agent_kind`` for an ``env.name``: the one test of an agent name."""
+    kind, sep, _ = (name or "").partition(":")
+    return kind if sep and kind in (AGENT, VERIFIERS) else None
 
 
 def with_task_defaults(data: Any) -> Any:

@@ -31,7 +31,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from rlvr.config.env import AGENT, VERIFIERS
+from rlvr.config.env import VERIFIERS, agent_kind
 from rlvr.data.verifiers_rows import load_environment
 from rlvr.envs.contain import Outcome, call_all
 from rlvr.rewards.sandbox import resolve_target
@@ -40,7 +40,7 @@ from rlvr.rollout.endpoint import Endpoint, EndpointLimits, EpisodeLog
 
 
 def is_agent_env(name: str | None) -> bool:
-    return bool(name) and (name.startswith(AGENT + ":") or name.startswith(VERIFIERS + ":"))
+    return agent_kind(name) is not None
 
 
 def agent_function(name: str) -> Callable[..., Any]:
