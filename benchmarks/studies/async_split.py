@@ -31,7 +31,11 @@ bytes per step. ``SHAPES`` gives the bytes one sync moves at Qwen2.5-7B and
 gpt-oss-20b shapes, computed from their configs (``sync_bytes_table``), for docs/performance.md.
 
 Writes ``<out>/<date>-async-split.{json,md,png}``, rewritten after every run; re-running on the
-same day with the same ``--out`` adds the seeds and arms it lacks.
+same day with the same ``--out`` adds the seeds and arms it lacks. A study longer than one sitting
+(a run to the target takes most of an hour here) goes on with ``--study PATH`` (an earlier day's
+JSON): it adds what that file lacks and refuses when its machine, steps, cores, code (``CODE``) or
+an arm's overrides differ from this call's (``benchmarks/harness/study_file.py``; ``--any-code``
+pools runs of other code, each run's code state recorded).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.harness import study_file
 from benchmarks.harness.seeds import parse_seeds, sign_test
 from benchmarks.harness.stats import time_to_target
 from benchmarks.harness.workloads import get_workload
@@ -83,6 +88,14 @@ PHASES = {  # where a step's time went (medians over steps after the first)
 }
 FINAL = 5
 REPO = Path(__file__).resolve().parents[2]
+# what a run of the study executes: rlvr, the workload, the worker and this file's pinning
+CODE = (
+    "src",
+    "benchmarks/harness",
+    "benchmarks/step.py",
+    "benchmarks/studies/sampler_ab.py",
+    "benchmarks/studies/async_split.py",
+)
 LORA_ARMS = {"merged": ["rollout.lora_sync=merged"], "adapter": ["rollout.lora_sync=adapter"]}
 LORA_RANK = 16
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -284,6 +297,7 @@ def write_report(path: Path, result: dict) -> None:
         f"Target: {result['window']}-step mean reward >= {result['target']}. Load average at "
         f"start {result['load_start']}, now {result.get('load_now')}.",
         f"Command: `{result['command']}`",
+        *study_file.code_line(result),
         "",
     ]
     s = result.get("summary")
@@ -371,6 +385,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lora-steps", type=int, default=6, help="steps per LoRA sync arm")
     p.add_argument("--no-split", action="store_true", help="only the LoRA part")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    p.add_argument(
+        "--study",
+        type=Path,
+        default=None,
+        help="the study JSON to add runs to (default <out>/<today>-async-split.json); its "
+        "machine, steps, cores, code and arms' overrides must be this call's",
+    )
+    p.add_argument(
+        "--any-code",
+        action="store_true",
+        help="add to a --study whose runs used other code (src/, the harness, this study); "
+        "each run's code state is recorded and the report counts them",
+    )
     p.add_argument("--run", type=Path, help=argparse.SUPPRESS)  # worker mode: a spec file
     args = p.parse_args(argv)
     unknown = [a for a in args.arms.split(",") if a not in ARMS]
@@ -383,6 +410,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < 1 or args.lora_steps < 1:
         p.error("--steps and --lora-steps must be >= 1")
     return args
+
+
+def src_state(repo: Path) -> str | None:
+    """The code a run of this study uses (``CODE``), as ``study_file.src_state`` hashes it."""
+    return study_file.src_state(repo, CODE)
+
+
+def check_compatible(old: dict, new: dict, path: Path, *, any_code: bool = False) -> None:
+    """``study_file.check_compatible`` with this study's settings: steps and the two cores."""
+    study_file.check_compatible(old, new, path, keys=("steps", "cores"), any_code=any_code)
 
 
 def run_worker(spec: dict) -> list[dict]:
@@ -446,22 +483,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.loads(args.run.read_text())
         Path(spec["records"]).write_text(json.dumps(run_worker(spec)))
         return 0
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        print("vLLM is not installed here: run with .venv-vllm/bin/python", file=sys.stderr)
-        return 2
     from benchmarks.harness.machine import machine_info
-    from benchmarks.harness.worker_rlvr import config_overrides
-    from benchmarks.step import prepare_model
 
     seeds, arms = parse_seeds(args.seeds), args.arms.split(",")
     w = get_workload("target")
-    work = Path(tempfile.mkdtemp(prefix="async-split-"))
-    model_dir = prepare_model(w.model, work)
-    stem = args.out / f"{dt.date.today().isoformat()}-async-split"
-    args.out.mkdir(parents=True, exist_ok=True)
-    js = stem.with_suffix(".json")
+    js = args.study or args.out / f"{dt.date.today().isoformat()}-async-split.json"
+    stem = js.with_suffix("")
+    js.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(js.read_text()) if js.exists() else {}
     runs: dict = old.get("runs", {})
     result = {
@@ -469,8 +497,22 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.studies.async_split " + " ".join(sys.argv[1:]),
         "steps": args.steps, "target": w.target_reward, "window": w.target_window,
         "load_start": round(os.getloadavg()[0], 2), "runs": runs,
+        "arms": {a: list(o) for a, o in ARMS.items()}, "src": src_state(REPO),
+        "run_src": old.get("run_src", {}),  # arm -> seed -> the code state its run used
         "sync_bytes": sync_bytes_table(), "lora": old.get("lora"),
     }  # fmt: skip
+    # before the model is fetched: a file whose runs do not pool stops the call at once
+    check_compatible(old, result, js, any_code=args.any_code)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        print("vLLM is not installed here: run with .venv-vllm/bin/python", file=sys.stderr)
+        return 2
+    from benchmarks.harness.worker_rlvr import config_overrides
+    from benchmarks.step import prepare_model
+
+    work = Path(tempfile.mkdtemp(prefix="async-split-"))
+    model_dir = prepare_model(w.model, work)
 
     def save() -> None:
         result["load_now"] = round(os.getloadavg()[0], 2)
@@ -495,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                 spec["overrides"] = [*SERVER, f"rollout.server_url={url}", *ARMS[arm]]
                 records = _train(work, f"{arm}-{seed}", spec)
                 runs.setdefault(arm, {})[str(seed)] = records
+                result["run_src"].setdefault(arm, {})[str(seed)] = result["src"]
                 r = run_summary(records, w.target_reward, w.target_window, w.sequences)
                 print(
                     f"{arm:>10} seed {seed}: target at step {r['steps_to_target']}, final "

@@ -44,8 +44,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.harness import study_file
 from benchmarks.harness.seeds import parse_seeds, sign_test
 from benchmarks.harness.stats import time_to_target
+from benchmarks.harness.study_file import code_line
 from benchmarks.harness.workloads import get_workload
 from benchmarks.studies.sampler_ab import plot
 
@@ -133,21 +135,6 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def code_line(result: dict) -> list[str]:
-    """The report's line on code: said only when the runs come from more than one code state
-    (``--any-code``) or from code not recorded (files from before ``run_src``)."""
-    states = {
-        result.get("run_src", {}).get(a, {}).get(s)
-        for a, per in result["runs"].items()
-        for s in per
-    }
-    if len(states) <= 1 and None not in states:
-        return []
-    known = len(states - {None})
-    unknown = " and runs whose code was not recorded" if None in states else ""
-    return [f"Code: runs from {known} recorded code state(s){unknown} (`run_src` in the JSON)."]
-
-
 def write_report(path: Path, result: dict) -> None:
     s = result["summary"]
     m = result["machine"]
@@ -198,58 +185,13 @@ CODE = ("src", "benchmarks/harness", "benchmarks/step.py", "benchmarks/studies/s
 
 
 def src_state(repo: Path) -> str | None:
-    """The code a run uses (``CODE``): a hash of those paths' git trees at HEAD and of their
-    uncommitted edits; None outside a git checkout. Commits that change nothing there (docs,
-    results) keep it."""
-    import hashlib
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout
-
-    try:
-        present = [p for p in CODE if (repo / p).exists()]
-        trees = git("rev-parse", *(f"HEAD:{p}" for p in present))
-        edits = git("diff", "HEAD", "--", *present)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return hashlib.sha256(f"{trees}\n{edits}".encode()).hexdigest()[:16]
+    """The code a run of this study uses (``CODE``), as ``study_file.src_state`` hashes it."""
+    return study_file.src_state(repo, CODE)
 
 
 def check_compatible(old: dict, new: dict, path: Path, *, any_code: bool = False) -> None:
-    """Raise ``SystemExit`` naming each setting where the study in ``path`` (``old``) differs
-    from this call's (``new``): its runs would not be comparable with the ones this call adds.
-    ``any_code`` (``--any-code``) pools runs of other code all the same: a study longer than a
-    session outlives commits that may not touch what it measures; each run's code state is
-    recorded (``run_src``) and the report counts them."""
-    if not old.get("runs"):
-        return
-    diffs = [
-        f"{k} {old.get(k)!r} there, {new[k]!r} here"
-        for k in ("steps", "threads", "cap")
-        if old.get(k) != new[k]
-    ]
-    # other training code (files written before it was recorded carry no "src": not checked)
-    if "src" in old and old["src"] != new.get("src") and not any_code:
-        diffs.append(f"src {old['src']!r} there, {new.get('src')!r} here")
-    for k in ("cpu", "cores", "isa_limits"):  # an ISA-limited CPU runs other kernels
-        if old.get("machine", {}).get(k) != new["machine"].get(k):
-            diffs.append(
-                f"machine {k} {old.get('machine', {}).get(k)!r} there, {new['machine'].get(k)!r} here"
-            )
-    # an arm whose overrides changed is another arm under the same name (files written before
-    # the overrides were recorded carry no "arms": not checked; an arm no longer defined gets
-    # no runs added)
-    for arm in sorted(set(old["runs"]) & set(new.get("arms", {}))) if "arms" in old else []:
-        if old["arms"].get(arm) != new["arms"][arm]:
-            diffs.append(f"arm {arm} {old['arms'].get(arm)!r} there, {new['arms'].get(arm)!r} here")
-    if diffs:
-        raise SystemExit(
-            f"{path}: its runs do not pool with this call's ({'; '.join(diffs)}); "
-            "pass another --study or --out, or the same settings (--any-code pools runs of other "
-            "code, each run's code state recorded)"
-        )
+    """``study_file.check_compatible`` with this study's settings: steps, threads, cap."""
+    study_file.check_compatible(old, new, path, keys=("steps", "threads", "cap"), any_code=any_code)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.studies.async_split import (
@@ -98,3 +100,52 @@ def test_bad_arguments_are_refused_by_name(capsys):
             main(argv)
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
+
+
+def _study(path, **over):
+    """A study file as an earlier sitting wrote it: this machine, 30 steps, cores 0 and 1, the
+    arms' overrides of today, one k0 run of seed 0."""
+    from benchmarks.harness.machine import machine_info
+    from benchmarks.studies.async_split import ARMS
+
+    study = {
+        "machine": machine_info(), "cores": [0, 1], "steps": 30,
+        "arms": {a: list(o) for a, o in ARMS.items()}, "runs": {"k0": {"0": _records([0.5])}},
+    } | over  # fmt: skip
+    path.write_text(json.dumps(study))
+    return path
+
+
+def test_a_study_goes_on_from_an_earlier_days_file_only_with_runs_that_pool(tmp_path):
+    """Five seeds of four arms to the target take longer than a sitting, and the file is named
+    for the day it was started: ``--study`` takes it back. A call whose runs would not be
+    comparable stops before any work, naming each setting (steps, cores, an arm's overrides)."""
+    argv = ["--seeds", "0", "--arms", "k1"]
+    for over, msg in (
+        ({"steps": 4}, "steps 4 there, 30 here"),
+        ({"cores": [1, 0]}, "cores [1, 0] there, [0, 1] here"),
+        ({"arms": {"k0": ["rollout.max_staleness=0", "rollout.partial=true"]}}, "arm k0"),
+    ):
+        path = _study(tmp_path / "earlier-async-split.json", **over)
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--study", str(path), "--steps", "30"])
+        assert msg in str(e.value), e.value
+        assert str(path) in str(e.value)
+
+
+def test_runs_of_other_code_pool_only_with_any_code(tmp_path):
+    """The study's code is rlvr, the harness, the worker and this study (its pinning): a run
+    made with other code is refused unless --any-code, and each run's state is then recorded."""
+    from benchmarks.harness.study_file import code_line
+    from benchmarks.studies.async_split import CODE, REPO, check_compatible, src_state
+
+    assert "benchmarks/studies/async_split.py" in CODE and "src" in CODE
+    here = json.loads(_study(tmp_path / "here.json").read_text()) | {"src": src_state(REPO)}
+    old = here | {"src": "0123456789abcdef"}
+    path = tmp_path / "earlier.json"
+    with pytest.raises(SystemExit, match="src '0123456789abcdef' there"):
+        check_compatible(old, here, path)
+    check_compatible(old, here, path, any_code=True)  # pools
+    two = here | {"runs": {"k0": {"0": []}, "k1": {"0": []}},
+                  "run_src": {"k0": {"0": "0123456789abcdef"}, "k1": {"0": here["src"]}}}  # fmt: skip
+    assert code_line(two) == ["Code: runs from 2 recorded code state(s) (`run_src` in the JSON)."]
